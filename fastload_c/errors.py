@@ -8,3 +8,13 @@ class FastloadError(Exception):
 
 class ShmError(FastloadError, OSError):
     """Shared memory could not be created, mapped or pinned."""
+
+
+class RingClosedError(FastloadError, EOFError):
+    """The ring was closed (by either side) and holds no more messages."""
+
+
+class CollateError(FastloadError, RuntimeError):
+    """Samples of one batch cannot be collated together (shape or type disagree).
+
+    A RuntimeError, as torch's collate raises for unequal sizes."""
