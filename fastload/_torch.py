@@ -1,0 +1,54 @@
+"""The one place fastload reaches for PyTorch, which is optional.
+
+Two questions are asked of torch, and they cost very different amounts:
+
+* ``torch_if_imported()``: is torch already loaded in this process? Free. A
+  torch.Tensor or torch.Generator can only exist if torch was imported, so
+  type checks on the hot path (collate, generator handling) ask this and never
+  pay the second-long import of torch themselves.
+* ``torch_or_none()``: import torch if it is installed. Used only where the
+  user asked for torch explicitly (``output='torch'``, pinning).
+"""
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+from typing import Any
+
+_import_failed = False
+
+
+def torch_or_none() -> ModuleType | None:
+    """torch, imported on first call; None when it is not installed."""
+    global _import_failed
+    module = sys.modules.get("torch")
+    if module is not None or _import_failed:
+        return module
+    try:
+        import torch
+    except ImportError:
+        _import_failed = True
+        return None
+    return torch
+
+
+def torch_if_imported() -> ModuleType | None:
+    """torch if this process has already imported it, else None (no import)."""
+    return sys.modules.get("torch")
+
+
+def is_tensor(obj: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def is_torch_generator(obj: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Generator)
+
+
+def torch_data_class(name: str) -> type | None:
+    """torch.utils.data.<name> when torch is loaded, so torch's own Dataset and
+    Sampler objects are recognised as inputs; None otherwise."""
+    data = sys.modules.get("torch.utils.data")
+    return getattr(data, name, None) if data is not None else None

@@ -1,0 +1,342 @@
+"""Samplers: which indices a DataLoader fetches, and in which order."""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Sequence, Sized
+from typing import Any, Generic, TypeVar, Union
+
+import numpy as np
+
+from fastload import _seed
+from fastload._seed import GeneratorArg
+from fastload._torch import is_torch_generator
+
+__all__ = [
+    "BatchSampler",
+    "RandomSampler",
+    "Sampler",
+    "SequentialSampler",
+    "SubsetRandomSampler",
+    "WeightedRandomSampler",
+]
+
+T_co = TypeVar("T_co", covariant=True)
+# One piece of an epoch's indices: an array, or a list for non-array indices.
+Chunk = Union[np.ndarray, list[Any]]
+
+
+def _is_positive_int(value: Any) -> bool:
+    return bool(
+        isinstance(value, (int, np.integer))
+        and not isinstance(value, (bool, np.bool_))
+        and value > 0
+    )
+
+
+class Sampler(Generic[T_co]):
+    """Base class of samplers.
+
+    A subclass provides ``__iter__`` over dataset indices (or over lists of
+    indices, for a batch sampler) and usually ``__len__``. There is no default
+    ``__len__`` on purpose: ``list(sampler)`` must fall back to iteration for
+    a subclass that has none, which a raising default would prevent.
+    """
+
+    def __iter__(self) -> Iterator[T_co]:
+        raise NotImplementedError
+
+
+class SequentialSampler(Sampler[int]):
+    """Indices ``0 .. len(data_source) - 1``, in order, every epoch."""
+
+    data_source: Sized
+
+    def __init__(self, data_source: Sized) -> None:
+        self.data_source = data_source
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self.data_source)))
+
+    def __len__(self) -> int:
+        return len(self.data_source)
+
+
+class _EpochSampler(Sampler[int]):
+    """Base of the random samplers (see NOTE [ Determinism contract ] in _seed).
+
+    An epoch is a token taken when iteration starts (a seed drawn from the
+    generator, or a torch.Generator's state) and index chunks computed from
+    that token alone. The sampler tracks how many indices it handed out, so
+    ``state_dict()`` is a few numbers and ``load_state_dict()`` resumes
+    mid-epoch by recomputing the epoch's chunks and skipping into them.
+    Subclasses define ``_epoch_chunks(rng)``.
+
+    The position describes the most recently started iterator over this
+    sampler, which is the DataLoader's.
+    """
+
+    _generator: GeneratorArg = None
+    _rng: _seed.Rng = None
+    _token: Any = None
+    _resume: tuple[Any, int] | None = None
+    _done = 0
+    _chunk_len = 0
+    _current: Iterator[Any] = iter(())
+
+    @property
+    def generator(self) -> GeneratorArg:
+        return self._generator
+
+    @generator.setter
+    def generator(self, value: GeneratorArg) -> None:
+        # An int seed becomes one numpy Generator here, so that successive
+        # epochs continue its stream instead of restarting it.
+        self._rng = _seed.resolve_generator(value)
+        self._generator = self._rng if isinstance(value, (int, np.integer)) else value
+
+    def _epoch_chunks(self, rng: Any) -> Iterator[Chunk]:
+        raise NotImplementedError
+
+    def _chunks(self, token: Any) -> Iterator[Chunk]:
+        rng: Any = self._rng
+        if is_torch_generator(rng):
+            rng.set_state(token)
+            return self._epoch_chunks(rng)
+        return self._epoch_chunks(np.random.default_rng(token))
+
+    def _item_iterators(self) -> Iterator[Iterator[Any]]:
+        """The epoch's indices as list iterators, in order, positioned after a
+        resume and registered so that ``state_dict`` can read the position."""
+        if self._resume is not None:
+            token, skip = self._resume
+            self._resume = None
+        elif is_torch_generator(self._rng):
+            token, skip = self._rng.get_state(), 0  # type: ignore[union-attr]
+        else:
+            token, skip = _seed.draw_seed(self._rng), 0
+        self._token, self._done, self._chunk_len, self._current = token, 0, 0, iter(())
+        done = 0
+        for chunk in self._chunks(token):
+            if skip >= len(chunk):
+                skip -= len(chunk)
+                done += len(chunk)
+                continue
+            items = chunk.tolist() if isinstance(chunk, np.ndarray) else chunk
+            current: Any = iter(items)
+            if skip:
+                current.__setstate__(skip)
+                skip = 0
+            # Counting via the list iterator's remaining length costs nothing
+            # per index, unlike a counter bumped on every yield.
+            self._done, self._chunk_len, self._current = done, len(items), current
+            yield current
+            done += len(items)
+        self._token = None
+
+    def __iter__(self) -> Iterator[int]:
+        for current in self._item_iterators():
+            yield from current
+
+    def _batches(self, batch_size: int, drop_last: bool) -> Iterator[list[int]]:
+        """What ``BatchSampler(self, batch_size, drop_last)`` yields, cut from
+        the epoch's lists in C (islice) instead of one Python step per index."""
+        batch: list[int] = []
+        for current in self._item_iterators():
+            while True:
+                batch.extend(itertools.islice(current, batch_size - len(batch)))
+                if len(batch) < batch_size:
+                    break
+                yield batch
+                batch = []
+        if batch and not drop_last:
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Generator state, the current epoch's token and its position."""
+        in_epoch = self._token is not None
+        yielded = self._done + self._chunk_len - self._current.__length_hint__()  # type: ignore[attr-defined]
+        return {
+            "generator": _seed.generator_state(self._rng),
+            "epoch": self._token,
+            "yielded": yielded if in_epoch else 0,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a ``state_dict()``: the next ``iter()`` continues the saved
+        epoch where it stopped, and later epochs follow as they would have."""
+        _seed.set_generator_state(self._rng, state["generator"])
+        self._resume = None if state["epoch"] is None else (state["epoch"], int(state["yielded"]))
+
+
+class RandomSampler(_EpochSampler):
+    """A new random order of the dataset's indices every epoch.
+
+    Without replacement, each epoch is a permutation (several, then part of
+    one, when ``num_samples`` exceeds the dataset). With replacement,
+    ``num_samples`` indices are drawn uniformly, 32 at a time as torch does.
+    """
+
+    data_source: Sized
+    replacement: bool
+
+    def __init__(
+        self,
+        data_source: Sized,
+        replacement: bool = False,
+        num_samples: int | None = None,
+        generator: GeneratorArg = None,
+    ) -> None:
+        self.data_source = data_source
+        self.replacement = replacement
+        self._num_samples = num_samples
+        self.generator = generator
+        if not isinstance(replacement, bool):
+            raise TypeError(
+                f"replacement should be a boolean value, but got replacement={replacement}"
+            )
+        if not _is_positive_int(self.num_samples):
+            raise ValueError(
+                "num_samples should be a positive integer value, "
+                f"but got num_samples={self.num_samples}"
+            )
+
+    @property
+    def num_samples(self) -> int:
+        # Read live: the dataset may grow or shrink between epochs.
+        if self._num_samples is None:
+            return len(self.data_source)
+        return self._num_samples
+
+    def _epoch_chunks(self, rng: Any) -> Iterator[Chunk]:
+        n, count = len(self.data_source), int(self.num_samples)
+        # Same draws in the same order as torch, including the final draw of
+        # a possibly empty remainder, so a torch.Generator ends in torch's state.
+        if self.replacement:
+            for _ in range(count // 32):
+                yield _seed.randint(rng, n, 32)
+            yield _seed.randint(rng, n, count % 32)
+        else:
+            for _ in range(count // n):
+                yield _seed.permutation(rng, n)
+            yield _seed.permutation(rng, n)[: count % n]
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class SubsetRandomSampler(_EpochSampler):
+    """The given indices, in a new random order every epoch."""
+
+    indices: Sequence[int]
+
+    def __init__(self, indices: Sequence[int], generator: GeneratorArg = None) -> None:
+        self.indices = indices
+        self.generator = generator
+
+    def _epoch_chunks(self, rng: Any) -> Iterator[Chunk]:
+        order = _seed.permutation(rng, len(self.indices))
+        if isinstance(self.indices, np.ndarray):
+            yield self.indices[order]
+        else:
+            indices = self.indices
+            yield [indices[i] for i in order.tolist()]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class WeightedRandomSampler(_EpochSampler):
+    """``num_samples`` indices into ``weights``, each drawn with probability
+    proportional to its weight; without replacement an index is drawn at most
+    once per epoch."""
+
+    weights: np.ndarray
+    num_samples: int
+    replacement: bool
+
+    def __init__(
+        self,
+        weights: Sequence[float],
+        num_samples: int,
+        replacement: bool = True,
+        generator: GeneratorArg = None,
+    ) -> None:
+        if not _is_positive_int(num_samples):
+            raise ValueError(
+                "num_samples should be a positive integer value, "
+                f"but got num_samples={num_samples}"
+            )
+        if not isinstance(replacement, bool):
+            raise ValueError(
+                f"replacement should be a boolean value, but got replacement={replacement}"
+            )
+        weights_array = np.asarray(weights, dtype=np.float64)
+        if weights_array.ndim != 1:
+            raise ValueError(
+                "weights should be a 1d sequence but given weights have "
+                f"shape {tuple(weights_array.shape)}"
+            )
+        self.weights = weights_array
+        self.num_samples = int(num_samples)
+        self.replacement = replacement
+        self.generator = generator
+
+    def _epoch_chunks(self, rng: Any) -> Iterator[Chunk]:
+        yield _seed.multinomial(rng, self.weights, self.num_samples, self.replacement)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class BatchSampler(Sampler[list[int]]):
+    """Groups the indices of ``sampler`` into lists of ``batch_size``; the
+    last, shorter list is kept unless ``drop_last``."""
+
+    def __init__(
+        self,
+        sampler: Sampler[int] | Iterable[int],
+        batch_size: int,
+        drop_last: bool,
+    ) -> None:
+        if not _is_positive_int(batch_size):
+            raise ValueError(
+                f"batch_size should be a positive integer value, but got batch_size={batch_size}"
+            )
+        if not isinstance(drop_last, bool):
+            raise ValueError(
+                f"drop_last should be a boolean value, but got drop_last={drop_last}"
+            )
+        self.sampler = sampler
+        self.batch_size = int(batch_size)
+        self.drop_last = drop_last
+
+    def __iter__(self) -> Iterator[list[int]]:
+        sampler = self.sampler
+        # Fast paths for fastload's own samplers (not for subclasses that
+        # change their iteration): the same batches, without a Python-level
+        # step per index.
+        if type(sampler) is SequentialSampler:
+            size = len(sampler.data_source)
+            stop = size - size % self.batch_size if self.drop_last else size
+            for start in range(0, stop, self.batch_size):
+                yield list(range(start, min(start + self.batch_size, stop)))
+            return
+        if isinstance(sampler, _EpochSampler) and type(sampler).__iter__ is _EpochSampler.__iter__:
+            yield from sampler._batches(self.batch_size, self.drop_last)
+            return
+        indices = iter(sampler)
+        if self.drop_last:
+            # zip over one iterator repeated stops at the first short group.
+            for group in zip(*[indices] * self.batch_size):
+                yield list(group)
+        else:
+            batch = list(itertools.islice(indices, self.batch_size))
+            while batch:
+                yield batch
+                batch = list(itertools.islice(indices, self.batch_size))
+
+    def __len__(self) -> int:
+        size = len(self.sampler)  # type: ignore[arg-type]
+        if self.drop_last:
+            return size // self.batch_size
+        return (size + self.batch_size - 1) // self.batch_size
