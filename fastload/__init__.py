@@ -1,6 +1,19 @@
 """fastload: a numpy-native data loader with the API of torch.utils.data."""
 import fastload_c  # noqa: F401  (fails early, with build instructions, if the core is missing)
 
+from fastload._gathered import GatheredBatch
+from fastload.collate import default_collate, default_convert
+from fastload.dataset import (
+    ArrayDataset,
+    ChainDataset,
+    ConcatDataset,
+    Dataset,
+    IterableDataset,
+    StackDataset,
+    Subset,
+    TensorDataset,
+    random_split,
+)
 from fastload.distributed import DistributedSampler
 from fastload.errors import (
     CollateError,

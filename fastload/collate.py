@@ -1,0 +1,266 @@
+"""default_collate and default_convert: torch's structure rules, numpy leaves.
+
+The sample structure is walked once per batch, not once per sample: the type
+of the first sample picks a handler (cached per type, so a batch of dicts of
+arrays costs one dict lookup per leaf), and each leaf is stacked with a single
+numpy call.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, Sequence
+from typing import Any
+
+import numpy as np
+
+from fastload._gathered import GatheredBatch
+from fastload._torch import is_tensor, torch_if_imported, torch_or_none
+from fastload.errors import CollateError
+
+__all__ = ["default_collate", "default_convert"]
+
+_UNSUPPORTED = (
+    "default_collate: batch must contain tensors, numpy arrays, numbers, "
+    "dicts or lists; found {}"
+)
+# Arrays of strings and objects have no batched numeric form (torch refuses
+# them too); numeric kinds pass straight through a GatheredBatch.
+_REFUSED_KINDS = frozenset("SUO")
+_NUMERIC_KINDS = frozenset("biufc")
+
+Handler = Callable[[Sequence[Any], Any], Any]
+
+
+def default_collate(batch: Sequence[Any]) -> Any:
+    """Merge a list of samples into a batch with a leading batch dimension.
+
+    numpy arrays, numpy scalars and torch tensors -> one stacked numpy array;
+    float -> float64, int -> int64, bool -> bool arrays; str and bytes -> kept
+    as they are; Mapping -> same mapping type of collated values; namedtuple
+    -> same namedtuple; tuple -> list; other sequences -> same type (else
+    list). Samples whose arrays disagree in shape raise CollateError naming
+    both sample positions and shapes.
+    """
+    if type(batch) is GatheredBatch:
+        return [
+            column if column.dtype.kind in _NUMERIC_KINDS else _collate(list(column))
+            for column in batch.columns
+        ]
+    return _collate(batch)
+
+
+def _collate(batch: Sequence[Any]) -> Any:
+    elem = batch[0]
+    handler = _handlers.get(type(elem))
+    if handler is None:
+        handler = _resolve_handler(elem)
+    return handler(batch, elem)
+
+
+def _shape_error(shapes: list[tuple[int, ...]]) -> CollateError:
+    first = shapes[0]
+    position = next((i for i, shape in enumerate(shapes) if shape != first), None)
+    if position is None:
+        return CollateError("default_collate: samples could not be stacked")
+    error = CollateError(
+        f"default_collate: sample {position} has shape {shapes[position]} "
+        f"but sample 0 has shape {first}"
+    )
+    # Read by the dataset fetcher to name the dataset indices as well.
+    error.positions = (position, 0)  # type: ignore[attr-defined]
+    return error
+
+
+def _collate_arrays(batch: Sequence[Any], elem: np.ndarray) -> np.ndarray:
+    if elem.dtype.kind in _REFUSED_KINDS:
+        raise TypeError(_UNSUPPORTED.format(elem.dtype))
+    try:
+        # np.array stacks equal-shaped arrays several times faster than np.stack.
+        out = np.array(batch)
+    except ValueError:
+        raise _shape_error([np.shape(a) for a in batch]) from None
+    if out.shape[1:] != elem.shape:
+        raise _shape_error([np.shape(a) for a in batch])
+    if out.dtype.kind in _REFUSED_KINDS:
+        raise TypeError(_UNSUPPORTED.format(out.dtype))
+    return out
+
+
+def _collate_tensors(batch: Sequence[Any], elem: Any) -> np.ndarray:
+    torch = torch_if_imported()
+    assert torch is not None  # a tensor exists, so torch is loaded
+    try:
+        stacked = torch.stack(list(batch))
+    except RuntimeError:
+        raise _shape_error([tuple(t.shape) for t in batch]) from None
+    return stacked.numpy(force=True)
+
+
+def _collate_numpy_scalars(batch: Sequence[Any], elem: Any) -> np.ndarray:
+    return np.array(batch)
+
+
+def _collate_floats(batch: Sequence[Any], elem: Any) -> np.ndarray:
+    return np.array(batch, dtype=np.float64)
+
+
+def _collate_ints(batch: Sequence[Any], elem: Any) -> np.ndarray:
+    # Inferred rather than forced: ints give int64, bools give bool.
+    return np.array(batch)
+
+
+def _keep(batch: Sequence[Any], elem: Any) -> Sequence[Any]:
+    return batch
+
+
+def _collate_dict(batch: Sequence[Any], elem: dict[Any, Any]) -> dict[Any, Any]:
+    return {key: _collate([sample[key] for sample in batch]) for key in elem}
+
+
+def _rebuild_mapping(original: Mapping[Any, Any], values: dict[Any, Any]) -> Mapping[Any, Any]:
+    """``values`` in a mapping of ``original``'s type, else a dict."""
+    try:
+        if isinstance(original, MutableMapping):
+            # A copy keeps what the constructor would lose (defaultdict's factory).
+            clone = copy.copy(original)
+            clone.update(values)
+            return clone
+        return type(original)(values)  # type: ignore[call-arg]
+    except TypeError:
+        return values
+
+
+def _rebuild_sequence(original: Sequence[Any], values: list[Any]) -> Sequence[Any]:
+    """``values`` in a sequence of ``original``'s type, else a list."""
+    try:
+        if isinstance(original, MutableSequence):
+            clone = copy.copy(original)
+            for i, value in enumerate(values):
+                clone[i] = value
+            return clone
+        return type(original)(values)  # type: ignore[call-arg]
+    except TypeError:
+        return values
+
+
+def _collate_mapping(batch: Sequence[Any], elem: Mapping[Any, Any]) -> Mapping[Any, Any]:
+    return _rebuild_mapping(elem, _collate_dict(batch, elem))  # type: ignore[arg-type]
+
+
+def _collate_namedtuple(batch: Sequence[Any], elem: Any) -> Any:
+    return type(elem)(*(_collate(field) for field in zip(*batch)))
+
+
+def _transpose(batch: Sequence[Any], elem: Sequence[Any]) -> list[Any]:
+    size = len(elem)
+    if any(len(sample) != size for sample in batch):
+        raise RuntimeError("each element in list of batch should be of equal size")
+    return [_collate(field) for field in zip(*batch)]
+
+
+def _collate_sequence(batch: Sequence[Any], elem: Sequence[Any]) -> Any:
+    return _rebuild_sequence(elem, _transpose(batch, elem))
+
+
+def _unsupported(batch: Sequence[Any], elem: Any) -> Any:
+    raise TypeError(_UNSUPPORTED.format(type(elem)))
+
+
+_handlers: dict[type, Handler] = {
+    np.ndarray: _collate_arrays,
+    float: _collate_floats,
+    int: _collate_ints,
+    bool: _collate_ints,
+    str: _keep,
+    bytes: _keep,
+    dict: _collate_dict,
+    tuple: _transpose,  # tuples collate to lists, as in torch
+    list: _transpose,
+}
+_BUILTIN_TYPES = len(_handlers)
+_MAX_CACHED_TYPES = 512
+
+
+def _resolve_handler(elem: Any) -> Handler:
+    """The handler for ``type(elem)``, in torch's order of precedence."""
+    handler: Handler
+    if is_tensor(elem):
+        handler = _collate_tensors
+    elif isinstance(elem, np.ndarray):
+        handler = _collate_arrays
+    elif isinstance(elem, (np.bool_, np.number, np.object_)):
+        handler = _collate_numpy_scalars
+    elif isinstance(elem, float):
+        handler = _collate_floats
+    elif isinstance(elem, int):
+        handler = _collate_ints
+    elif isinstance(elem, (str, bytes)):
+        handler = _keep
+    elif isinstance(elem, Mapping):
+        handler = _collate_mapping
+    elif isinstance(elem, tuple) and hasattr(elem, "_fields"):
+        handler = _collate_namedtuple
+    elif isinstance(elem, tuple):
+        handler = _transpose
+    elif isinstance(elem, Sequence):
+        handler = _collate_sequence
+    else:
+        handler = _unsupported
+    if len(_handlers) >= _BUILTIN_TYPES + _MAX_CACHED_TYPES:
+        # Types made on the fly (a namedtuple per sample) must not grow this forever.
+        for cached in list(_handlers)[_BUILTIN_TYPES:]:
+            del _handlers[cached]
+    _handlers[type(elem)] = handler
+    return handler
+
+
+def default_convert(data: Any) -> Any:
+    """Convert one sample (no batch dimension added), as the DataLoader does
+    when automatic batching is off: numpy scalars -> 0-d arrays, torch
+    tensors -> numpy arrays, arrays unchanged, containers converted element
+    by element with the structure rules of default_collate; anything else is
+    returned unchanged."""
+    if isinstance(data, np.ndarray):
+        return data
+    if isinstance(data, np.generic) and not isinstance(data, (np.str_, np.bytes_)):
+        return np.asarray(data)
+    if is_tensor(data):
+        return data.numpy(force=True)
+    if isinstance(data, GatheredBatch):
+        return [default_convert(sample) for sample in data]
+    if isinstance(data, Mapping):
+        return _rebuild_mapping(data, {key: default_convert(data[key]) for key in data})
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(default_convert(d) for d in data))
+    if isinstance(data, tuple):
+        return [default_convert(d) for d in data]
+    if isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
+        return _rebuild_sequence(data, [default_convert(d) for d in data])
+    return data
+
+
+def arrays_to_tensors(data: Any) -> Any:
+    """``data`` with every numeric numpy array or scalar replaced by a torch
+    tensor sharing its memory (``torch.from_numpy``); the structure is kept."""
+    torch = torch_or_none()
+    if torch is None:
+        raise ImportError("output='torch' needs PyTorch installed (pip install torch)")
+    return _to_torch(torch, data)
+
+
+def _to_torch(torch: Any, data: Any) -> Any:
+    if isinstance(data, np.ndarray):
+        return torch.from_numpy(data) if data.dtype.kind in _NUMERIC_KINDS else data
+    if isinstance(data, (np.bool_, np.number)):
+        return torch.from_numpy(np.asarray(data))
+    if isinstance(data, dict) and type(data) is dict:
+        return {key: _to_torch(torch, value) for key, value in data.items()}
+    if isinstance(data, list) and type(data) is list:
+        return [_to_torch(torch, value) for value in data]
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(_to_torch(torch, value) for value in data))
+    if isinstance(data, tuple):
+        return tuple(_to_torch(torch, value) for value in data)
+    if isinstance(data, Mapping):
+        return _rebuild_mapping(data, {key: _to_torch(torch, data[key]) for key in data})
+    return data
