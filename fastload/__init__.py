@@ -2,6 +2,7 @@
 import fastload_c  # noqa: F401  (fails early, with build instructions, if the core is missing)
 
 from fastload._gathered import GatheredBatch
+from fastload._worker_info import WorkerInfo, get_worker_info
 from fastload.collate import default_collate, default_convert
 from fastload.dataset import (
     ArrayDataset,
@@ -22,6 +23,7 @@ from fastload.errors import (
     RingClosedError,
     ShmError,
 )
+from fastload.loader import DataLoader, StatefulDataLoader
 from fastload.sampler import (
     BatchSampler,
     RandomSampler,
@@ -32,3 +34,34 @@ from fastload.sampler import (
 )
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "ArrayDataset",
+    "BatchSampler",
+    "ChainDataset",
+    "CollateError",
+    "ConcatDataset",
+    "DataLoader",
+    "Dataset",
+    "DistributedSampler",
+    "FastloadError",
+    "GatheredBatch",
+    "InvalidArgumentError",
+    "IterableDataset",
+    "RandomSampler",
+    "RingClosedError",
+    "Sampler",
+    "SequentialSampler",
+    "ShmError",
+    "StackDataset",
+    "StatefulDataLoader",
+    "Subset",
+    "SubsetRandomSampler",
+    "TensorDataset",
+    "WeightedRandomSampler",
+    "WorkerInfo",
+    "default_collate",
+    "default_convert",
+    "get_worker_info",
+    "random_split",
+]

@@ -1,0 +1,122 @@
+"""Turning one entry of the index sampler into one batch (or one sample).
+
+Shared by the single-process iterator and, later, the worker processes: a
+fetcher holds a dataset and its collate function and knows nothing about
+where its indices come from or where its batches go.
+"""
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from fastload.errors import CollateError
+
+
+class DatasetKind(enum.Enum):
+    MAP = "map"
+    ITERABLE = "iterable"
+
+
+class DatasetFetcher:
+    def __init__(
+        self,
+        dataset: Any,
+        auto_collation: bool,
+        collate_fn: Callable[[Any], Any],
+        drop_last: bool,
+    ) -> None:
+        self.dataset = dataset
+        self.auto_collation = auto_collation
+        self.collate_fn = collate_fn
+        self.drop_last = drop_last
+
+    def fetch(self, possibly_batched_index: Any) -> Any:
+        raise NotImplementedError
+
+
+def _name_dataset_indices(error: CollateError, index: Sequence[Any]) -> CollateError:
+    """The collate error, with the dataset indices of the two samples it names."""
+    positions = getattr(error, "positions", None)
+    if positions is None:
+        return error
+    later, first = positions
+    named = CollateError(f"{error} (dataset indices {index[later]} and {index[first]})")
+    named.positions = positions  # type: ignore[attr-defined]
+    return named
+
+
+class MapDatasetFetcher(DatasetFetcher):
+    """Fetches by index: ``__getitems__(indices)`` when the dataset defines
+    it, else ``dataset[i]`` for each index."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        auto_collation: bool,
+        collate_fn: Callable[[Any], Any],
+        drop_last: bool,
+    ) -> None:
+        super().__init__(dataset, auto_collation, collate_fn, drop_last)
+        getitems = getattr(dataset, "__getitems__", None)
+        self._getitems = getitems if getitems else None
+
+    def fetch(self, possibly_batched_index: Any) -> Any:
+        if not self.auto_collation:
+            return self.collate_fn(self.dataset[possibly_batched_index])
+        index = possibly_batched_index
+        if self._getitems is not None:
+            data = self._getitems(index)
+        else:
+            dataset = self.dataset
+            data = [dataset[i] for i in index]
+        try:
+            return self.collate_fn(data)
+        except CollateError as error:
+            named = _name_dataset_indices(error, index)
+            if named is error:
+                raise
+            raise named.with_traceback(error.__traceback__) from None
+
+
+class IterableDatasetFetcher(DatasetFetcher):
+    """Takes the next sample (or the next ``len(index)`` samples) from one
+    iterator over the dataset; the batch sampler only says how many."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        auto_collation: bool,
+        collate_fn: Callable[[Any], Any],
+        drop_last: bool,
+    ) -> None:
+        super().__init__(dataset, auto_collation, collate_fn, drop_last)
+        self.dataset_iter: Iterator[Any] = iter(dataset)
+        self.ended = False
+
+    def fetch(self, possibly_batched_index: Any) -> Any:
+        if self.ended:
+            raise StopIteration
+        if not self.auto_collation:
+            return self.collate_fn(next(self.dataset_iter))
+        data = []
+        for _ in possibly_batched_index:
+            try:
+                data.append(next(self.dataset_iter))
+            except StopIteration:
+                self.ended = True
+                break
+        if not data or (self.drop_last and len(data) < len(possibly_batched_index)):
+            raise StopIteration
+        return self.collate_fn(data)
+
+
+def create_fetcher(
+    kind: DatasetKind,
+    dataset: Any,
+    auto_collation: bool,
+    collate_fn: Callable[[Any], Any],
+    drop_last: bool,
+) -> DatasetFetcher:
+    fetcher = MapDatasetFetcher if kind is DatasetKind.MAP else IterableDatasetFetcher
+    return fetcher(dataset, auto_collation, collate_fn, drop_last)
