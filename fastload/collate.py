@@ -209,7 +209,7 @@ def _resolve_handler(elem: Any) -> Handler:
     if len(_handlers) >= _BUILTIN_TYPES + _MAX_CACHED_TYPES:
         # Types made on the fly (a namedtuple per sample) must not grow this forever.
         for cached in list(_handlers)[_BUILTIN_TYPES:]:
-            del _handlers[cached]
+            _handlers.pop(cached, None)  # another thread may be clearing too
     _handlers[type(elem)] = handler
     return handler
 

@@ -1,4 +1,5 @@
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -25,4 +26,4 @@ def xy():
 def no_distributed_env(monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.delitem(__import__("sys").modules, "jax", raising=False)
+    monkeypatch.delitem(sys.modules, "jax", raising=False)

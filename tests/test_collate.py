@@ -312,3 +312,12 @@ def test_property_gathered_batch_equals_generic_collate(rows, width, dtype, data
     for a, b in zip(fast, slow):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_array_equal(a, b)
+
+
+def test_types_made_on_the_fly_do_not_grow_the_dispatch_cache():
+    from fastload import collate
+
+    for i in range(700):
+        Row = collections.namedtuple(f"Row{i}", "v")
+        assert default_collate([Row(i), Row(i + 1)]).v.tolist() == [i, i + 1]
+    assert len(collate._handlers) <= collate._BUILTIN_TYPES + collate._MAX_CACHED_TYPES
