@@ -331,17 +331,18 @@ cdef int _visit_array(_Node node, object o, Py_ssize_t s, _Walk w) except -1:
     cdef Py_ssize_t k = node.leaf * w.batch + s
     cdef cnp.dtype d
     cdef int nd
-    cdef bint same
+    cdef bint same, same_shape
     if cnp.PyArray_Check(o):
         d = (<cnp.ndarray>o).descr
         nd = cnp.PyArray_NDIM(<cnp.ndarray>o)
+        # 0-d arrays may have no dims pointer at all: no memcmp on NULL.
+        same_shape = nd == node.ndim and (nd == 0 or memcmp(
+            cnp.PyArray_DIMS(<cnp.ndarray>o), node.shape, nd * sizeof(cnp.npy_intp)) == 0)
         same = node.kind == K_ARRAY and (d is node.src or d == node.src)
-        if not same or nd != node.ndim or memcmp(cnp.PyArray_DIMS(<cnp.ndarray>o), node.shape,
-                                                 nd * sizeof(cnp.npy_intp)) != 0:
+        if not (same and same_shape):
             if s == 0:
                 return STALE
-            if nd != node.ndim or memcmp(cnp.PyArray_DIMS(<cnp.ndarray>o), node.shape,
-                                         nd * sizeof(cnp.npy_intp)) != 0:
+            if not same_shape:
                 raise _shape_error(s, np.shape(o), node)
             _mark_mixed(w, node, d)
         w.src[k] = cnp.PyArray_BYTES(<cnp.ndarray>o)
@@ -377,6 +378,9 @@ cdef int _mark_mixed(_Walk w, _Node node, cnp.dtype d) except -1:
 
 
 cdef object _type_error(Py_ssize_t s, object o, _Node node):
+    # A leaf no sample may have (None...) is a TypeError wherever it is;
+    # a supported one where sample 0 has another kind is a CollateError.
+    _kind_of(o)
     return CollateError("default_collate: sample {} is a {} but sample 0 is a {}"
                         .format(s, _type_name(type(o)), _type_name(node.type)))
 

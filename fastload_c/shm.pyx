@@ -145,16 +145,22 @@ cdef class Segment:
         self._release()
 
     cdef void _release(self) noexcept:
-        if self.addr != NULL:
+        cdef char *addr = self.addr
+        cdef int fd = self._fd
+        cdef bint pinned = self._pinned
+        if addr != NULL:
             self._run_release_hooks()
-            if self._pinned:
-                fl_shm_unpin(self.addr, self.size)
-                self._pinned = False
-            fl_shm_unmap(self.addr, self.size)
-            self.addr = NULL
-        if self._fd >= 0:
-            close(self._fd)
-            self._fd = -1
+        self.addr = NULL
+        self._fd = -1
+        self._pinned = False
+        # Unmapping a large pinned segment takes a while: let threads run.
+        with nogil:
+            if addr != NULL:
+                if pinned:
+                    fl_shm_unpin(addr, self.size)
+                fl_shm_unmap(addr, self.size)
+            if fd >= 0:
+                close(fd)
 
     cdef void _run_release_hooks(self) noexcept:
         hooks = self._release_hooks

@@ -48,6 +48,8 @@ forked child inherits a copy of the pool and must not use it.
 """
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer
 
+include "_status.pxi"
+
 import mmap
 
 from fastload_c.shm import Segment
@@ -59,7 +61,7 @@ cdef class _SlabSegment:
     def __cinit__(self, int id, Segment segment, size_t slot_size, uint32_t nslots):
         self.slots = fl_slots_new(nslots)
         if self.slots == NULL:
-            raise MemoryError()
+            raise_errno("cannot make the slot table of {} slots".format(nslots), MemoryError)
         # The export makes Segment.close() refuse while any Lease lives.
         PyObject_GetBuffer(segment, &self.view, PyBUF_WRITABLE)
         self.held = True

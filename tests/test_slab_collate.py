@@ -156,7 +156,7 @@ def make_sample(schema, rng):
     return Point(*(make_sample(s, rng) for s in schema[1]))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schema=schemas, batch=st.integers(1, 5), seed=st.integers(0, 2**32 - 1))
 def test_collate_into_slot_equals_default_collate(seg, schema, batch, seed):
     rng = np.random.default_rng(seed)
@@ -195,6 +195,13 @@ def test_shape_mismatch_names_both_samples_and_shapes(seg):
     assert issubclass(CollateError, RuntimeError)
     with pytest.raises(CollateError, match=r"sample 1 has shape \(\) but sample 0 has shape \(2,\)"):
         collate_into([(np.zeros(2),), (np.float64(1),)], seg)
+
+
+def test_unsupported_leaves_in_later_samples_are_type_errors_too(seg):
+    with pytest.raises(TypeError, match="found <class 'NoneType'>"):
+        collate_into([(np.zeros(2), 1), (None, 2)], seg)
+    with pytest.raises(TypeError, match="found <class 'NoneType'>"):
+        collate_into([1, None], seg)
 
 
 def test_unequal_lengths_and_kinds_raise(seg):
@@ -259,7 +266,7 @@ columns = st.tuples(
 )
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(cols=st.lists(columns, min_size=1, max_size=3), length=st.integers(1, 12),
        data=st.data(), as_array=st.booleans(), single=st.booleans())
 def test_gather_equals_fancy_indexing(seg, cols, length, data, as_array, single):
