@@ -54,7 +54,7 @@ cdef _Target _target(object target, Py_ssize_t offset, Py_ssize_t capacity):
 cdef cnp.ndarray _array_at(char *data, cnp.dtype descr, tuple shape, object base):
     """A C-contiguous writable array over `data`; `base` keeps the memory alive."""
     cdef cnp.npy_intp dims[64]
-    cdef int nd = len(shape)
+    cdef int i, nd = len(shape)
     for i in range(nd):
         dims[i] = shape[i]
     Py_INCREF(descr)

@@ -17,8 +17,10 @@ def gather_into(columns, indices, target, Py_ssize_t offset=0, Py_ssize_t capaci
     """
     cdef bint single = cnp.PyArray_Check(columns)
     cdef tuple cols = (columns,) if single else tuple(columns)
-    cdef cnp.ndarray idx = _index_array(indices)
-    cdef Py_ssize_t n = cnp.PyArray_DIMS(idx)[0], c, ncols = len(cols)
+    cdef cnp.ndarray given = _index_array(indices)
+    cdef cnp.ndarray idx = given
+    cdef Py_ssize_t n = cnp.PyArray_DIMS(given)[0], c, ncols = len(cols)
+    cdef int i
     cdef cnp.ndarray col
     for col_obj in cols:
         if not cnp.PyArray_Check(col_obj):
@@ -39,7 +41,7 @@ def gather_into(columns, indices, target, Py_ssize_t offset=0, Py_ssize_t capaci
     layout, offsets, nbytes = entry
     cdef _Target t = _target(target, offset, capacity)
     t.check(nbytes)
-    cdef cnp.npy_intp *ix = <cnp.npy_intp *>cnp.PyArray_DATA(idx)
+    cdef cnp.npy_intp *ix = NULL
     cdef cnp.npy_intp length = -1, bad
     cdef size_t row
     cdef int contiguous
@@ -47,16 +49,15 @@ def gather_into(columns, indices, target, Py_ssize_t offset=0, Py_ssize_t capaci
     for c in range(ncols):
         col = <cnp.ndarray>cols[c]
         if cnp.PyArray_DIMS(col)[0] != length:
-            if length >= 0:
-                # Normalized for another length: start again from the caller's.
-                idx = _index_array(indices)
-                ix = <cnp.npy_intp *>cnp.PyArray_DATA(idx)
+            # Normalized in place: a copy per column length (usually one).
+            idx = given.copy()
+            ix = <cnp.npy_intp *>cnp.PyArray_DATA(idx)
             length = cnp.PyArray_DIMS(col)[0]
             with nogil:
                 bad = fl_normalize_indices(ix, n, length)
             if bad >= 0:
                 raise IndexError("index {} is out of bounds for axis 0 with size {}"
-                                 .format(_index_array(indices)[bad], length))
+                                 .format(given[bad], length))
         dst = t.base + <size_t>offsets[c]
         row = cnp.PyArray_ITEMSIZE(col)
         for i in range(1, cnp.PyArray_NDIM(col)):
@@ -71,14 +72,14 @@ def gather_into(columns, indices, target, Py_ssize_t offset=0, Py_ssize_t capaci
 
 
 cdef cnp.ndarray _index_array(object indices):
-    """A fresh intp array of the indices (normalized in place later)."""
+    """The indices as a 1-d intp array."""
     cdef cnp.ndarray out
     cdef Py_ssize_t i, n
     if cnp.PyArray_Check(indices):
         if (<cnp.ndarray>indices).dtype.kind not in "iu" or cnp.PyArray_NDIM(<cnp.ndarray>indices) != 1:
             raise TypeError("gather_into: indices must be a 1-d array of integers, got {} of "
                             "shape {}".format(indices.dtype, indices.shape))
-        return np.array(indices, dtype=np.intp, copy=True)
+        return np.asarray(indices, dtype=np.intp)
     seq = indices if isinstance(indices, (list, tuple)) else list(indices)
     n = len(seq)
     out = np.empty(n, dtype=np.intp)

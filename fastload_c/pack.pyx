@@ -11,7 +11,7 @@ is any writable buffer (a shm.Segment in a worker, a slab.Lease in-process):
 - pickle_into: any picklable batch (a custom collate_fn's result) by pickle
   protocol 5, its large buffers out of band in the slot.
 
-Each returns the layout (bytes) from which slab.unpack rebuilds the batch over
+Each returns the layout (bytes) from which unpack rebuilds the batch over
 the main process's mapping of the same slot, or raises SlotTooSmallError,
 before writing anything, when the batch does not fit. Every copy runs with the
 GIL released.
@@ -38,9 +38,8 @@ computed once per structure and the same bytes come back for every batch
 like it; the main process caches its decoding by those bytes. Only strings
 (usually file names or labels) travel per batch, in "tree+values".
 """
-cimport cython
 cimport numpy as cnp
-from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bool cimport PyBool_Check
 from cpython.dict cimport PyDict_CheckExact
 from cpython.float cimport PyFloat_AsDouble, PyFloat_Check
@@ -49,10 +48,9 @@ from cpython.long cimport PyLong_AsLongLong, PyLong_Check
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
-from cpython.tuple cimport PyTuple_Check, PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from cpython.tuple cimport PyTuple_Check, PyTuple_GET_ITEM
 from libc.stdint cimport int64_t
 from libc.string cimport memcmp, memcpy
-from cpython.buffer cimport PyBUF_SIMPLE
 
 import pickle
 from collections.abc import Mapping
@@ -171,6 +169,7 @@ cdef _Plan _make_plan(object sample0, Py_ssize_t batch, dict out_dtypes=None):
 
 cdef size_t _prod(_Node node):
     cdef size_t n = 1
+    cdef int i
     for i in range(node.ndim):
         n *= <size_t>node.shape[i]
     return n
@@ -178,6 +177,7 @@ cdef size_t _prod(_Node node):
 
 cdef _Node _build(_Plan plan, object o):
     cdef _Node node = _Node.__new__(_Node)
+    cdef int i
     node.kind = _kind_of(o)
     node.type = type(o)
     node.ndim = 0
@@ -220,6 +220,11 @@ cdef _Node _build(_Plan plan, object o):
     return node
 
 
+cdef tuple _shape(_Node node):
+    cdef int i
+    return tuple([node.shape[i] for i in range(node.ndim)])
+
+
 cdef tuple _tree(_Node node, Py_ssize_t batch):
     if node.kind == K_VALUE:
         return ("v", node.leaf)
@@ -229,8 +234,7 @@ cdef tuple _tree(_Node node, Py_ssize_t batch):
         return ("t", node.type, tuple([_tree(c, batch) for c in node.children]))
     if node.kind == K_MAPPING:
         return ("m", node.type, node.keys, tuple([_tree(c, batch) for c in node.children]))
-    shape = (batch,) + tuple([node.shape[i] for i in range(node.ndim)])
-    return ("a", node.offset, node.out, shape)
+    return ("a", node.offset, node.out, (batch,) + _shape(node))
 
 
 cdef class _Walk:
@@ -274,7 +278,6 @@ cdef int _visit(_Node node, object o, Py_ssize_t s, _Walk w) except -1:
     made for an earlier batch); raises when a later sample disagrees with
     sample 0."""
     cdef int kind = node.kind
-    cdef Py_ssize_t i, n
     if kind == K_ARRAY or kind == K_NPSCALAR:
         return _visit_array(node, o, s, w)
     if s == 0 and _kind_of(o) != kind:
@@ -282,14 +285,15 @@ cdef int _visit(_Node node, object o, Py_ssize_t s, _Walk w) except -1:
     if kind == K_VALUE:
         _keep(<list>w.values[node.leaf], s, o)
         return 0
+    # Later samples may give the number as any kind the batch dtype holds.
     if kind == K_INT:
-        if not PyLong_Check(o):
+        if not (PyLong_Check(o) or isinstance(o, np.integer)):
             raise _type_error(s, o, node)
     elif kind == K_FLOAT:
-        if not (PyFloat_Check(o) or PyLong_Check(o)):
+        if not (PyFloat_Check(o) or PyLong_Check(o) or isinstance(o, (np.integer, np.floating))):
             raise _type_error(s, o, node)
     elif kind == K_BOOL:
-        if not PyBool_Check(o):
+        if not (PyBool_Check(o) or isinstance(o, np.bool_)):
             raise _type_error(s, o, node)
     else:
         return _visit_container(node, o, s, w)
@@ -386,9 +390,8 @@ cdef object _type_error(Py_ssize_t s, object o, _Node node):
 
 
 cdef object _shape_error(Py_ssize_t s, tuple shape, _Node node):
-    shape0 = tuple([node.shape[i] for i in range(node.ndim)])
     return CollateError("default_collate: sample {} has shape {} but sample 0 has shape {}"
-                        .format(s, shape, shape0))
+                        .format(s, shape, _shape(node)))
 
 
 cdef str _type_name(type t):
@@ -404,7 +407,7 @@ def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1):
     structure, dtypes, shapes, values): arrays stacked to (B, *shape) with
     np.stack's dtype, numbers to int64 / float64 / bool arrays, strings kept
     as lists, tuples to lists, mappings and namedtuples to their own type.
-    Returns the layout for slab.unpack. Raises CollateError naming both
+    Returns the layout for unpack. Raises CollateError naming both
     samples when shapes or structures disagree, TypeError for unsupported
     leaves, SlotTooSmallError (nothing written) when the slot is too small.
     ``capacity`` -1 means to the end of target.
@@ -465,7 +468,7 @@ cdef int _write_scalars(_Plan plan, _Walk w, char *base) except -1:
                 (<int64_t *>dst)[s] = PyLong_AsLongLong(<object>PyList_GET_ITEM(w.keep, k + s))
         elif node.kind == K_BOOL:
             for s in range(b):
-                (<cnp.npy_bool *>dst)[s] = (<object>PyList_GET_ITEM(w.keep, k + s)) is True
+                (<cnp.npy_bool *>dst)[s] = bool(<object>PyList_GET_ITEM(w.keep, k + s))
         else:
             for s in range(b):
                 cnp.PyArray_ScalarAsCtype(<object>PyList_GET_ITEM(w.keep, k + s),
@@ -491,7 +494,6 @@ cdef int _write_by_numpy(_Plan plan, _Walk w, _Target t) except -1:
     cdef Py_ssize_t b = plan.batch
     for node in plan.leaves:
         if node.by_numpy:
-            shape = (b,) + tuple([node.shape[i] for i in range(node.ndim)])
-            out = _array_at(t.base + node.offset, node.out, shape, None)
+            out = _array_at(t.base + node.offset, node.out, (b,) + _shape(node), None)
             np.stack(w.keep[node.leaf * b:(node.leaf + 1) * b], out=out)
     return 0

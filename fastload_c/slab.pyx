@@ -46,6 +46,7 @@ Threads: the pool and its Leases are used with the GIL held (a Lease is
 deallocated with the GIL held too), so the free stacks need no lock. A
 forked child inherits a copy of the pool and must not use it.
 """
+cimport cython
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer
 
 include "_status.pxi"
@@ -57,6 +58,9 @@ from fastload_c.shm import Segment
 cdef size_t _PAGE = mmap.PAGESIZE
 
 
+# Both give slots back in __dealloc__: a garbage-cycle collection must not
+# clear their references first.
+@cython.no_gc_clear
 cdef class _SlabSegment:
     def __cinit__(self, int id, Segment segment, size_t slot_size, uint32_t nslots):
         self.slots = fl_slots_new(nslots)
@@ -75,6 +79,7 @@ cdef class _SlabSegment:
         fl_slots_free(self.slots)
 
 
+@cython.no_gc_clear
 cdef class Lease:
     """Ownership of one slot; the slot is free again when this object dies.
 
@@ -104,9 +109,6 @@ cdef class Lease:
 
     def __getbuffer__(self, Py_buffer *buffer, int flags):
         PyBuffer_FillInfo(buffer, self, self.addr, self.capacity, 0, flags)
-
-    def __releasebuffer__(self, Py_buffer *buffer):
-        pass
 
     def __reduce__(self):
         raise TypeError("a Lease cannot leave its process; send (segment_id, offset, capacity) "

@@ -55,6 +55,17 @@ def test_views_keep_the_slot_and_it_is_reused_after_the_last_goes():
     assert again.segment_id == 0 and again.slot == 0
 
 
+def test_a_batch_in_a_garbage_cycle_gives_its_slot_back():
+    pool = SlabPool(4096, slots_per_segment=1)
+    for _ in range(10):
+        lease = pool.acquire()
+        holder = {"batch": unpack(lease, collate_into([np.arange(3)] * 2, lease)), "lease": lease}
+        holder["self"] = holder
+        del lease, holder
+        gc.collect()
+        assert pool.leased == 0
+
+
 def test_torch_tensors_from_a_batch_keep_the_slot():
     torch = pytest.importorskip("torch")
     pool = SlabPool(4096, slots_per_segment=1)

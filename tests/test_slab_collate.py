@@ -204,6 +204,11 @@ def test_unsupported_leaves_in_later_samples_are_type_errors_too(seg):
         collate_into([1, None], seg)
 
 
+def test_later_samples_may_give_numbers_as_numpy_scalars(seg):
+    got = collate([(1, 1.5, True), (np.int32(2), np.float32(2.5), np.bool_(False)), (3, 4, True)], seg)
+    assert_same(got, [np.array([1, 2, 3]), np.array([1.5, 2.5, 4.0]), np.array([True, False, True])])
+
+
 def test_unequal_lengths_and_kinds_raise(seg):
     with pytest.raises(RuntimeError, match="sample 1 has 3 elements but sample 0 has 2"):
         collate_into([[1, 2], [1, 2, 3]], seg)
@@ -305,8 +310,11 @@ def test_gather_bounds_are_checked_like_numpy(seg):
 
 def test_gather_columns_of_different_lengths(seg):
     a, b = np.arange(10), np.arange(5) * 10
-    got = unpack(seg, gather_into((a, b), [-1, 0, 2], seg))
+    got = unpack(seg, gather_into((a, b), (i for i in [-1, 0, 2]), seg))   # read once
     assert_same(got, [a[[-1, 0, 2]], b[[-1, 0, 2]]])
+    indices = np.array([-1, 0, 2])
+    gather_into((a, b), indices, seg)
+    assert indices.tolist() == [-1, 0, 2]                                     # left as given
 
 
 def test_gather_of_consecutive_rows_is_fancy_indexing_too(seg):
