@@ -88,7 +88,6 @@ def pin_segment(segment: shm.Segment, *, strict: bool = False) -> bool:
 
 def _refuse(size: int, limit: Optional[int], locked: int, strict: bool,
             cause: Optional[BaseException]) -> bool:
-    global _warned
     message = (
         "cannot pin {} bytes of batch memory: RLIMIT_MEMLOCK is {} bytes and {} are locked "
         "already, so pinning needs a limit of at least {}. Raise it (ulimit -l; "
@@ -96,20 +95,29 @@ def _refuse(size: int, limit: Optional[int], locked: int, strict: bool,
             size, "unknown" if limit is None else limit, locked, locked + size))
     if strict:
         raise ShmError(errno.ENOMEM, message) from cause
-    if not _warned:
-        _warned = True
-        warnings.warn(message + "; using unpinned memory.", PinningWarning, stacklevel=3)
+    _warn_once(message + "; using unpinned memory.")
     return False
 
 
-def register_cuda(segment: shm.Segment, *, cuda: Optional[bool] = None) -> bool:
+def _warn_once(message: str) -> None:
+    # Once per process: a pool growing past the limit would say it per segment.
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(message, PinningWarning, stacklevel=4)
+
+
+def register_cuda(segment: shm.Segment, *, cuda: Optional[bool] = None,
+                  strict: bool = False) -> bool:
     """Register ``segment`` with the CUDA driver so copies from it to a GPU
     are DMA (``tensor.to("cuda", non_blocking=True)`` does not stage them);
     unregistered when the segment is released. True when registered.
 
     ``cuda`` None registers when torch is already imported and sees a GPU
     (fastload never imports torch for the user); True imports torch and
-    raises ShmError when CUDA is missing; False never registers.
+    raises ShmError when CUDA is missing; False never registers. When the
+    driver refuses, ShmError if ``cuda`` or ``strict``, else warn once
+    (PinningWarning) and go on unregistered.
     """
     if cuda is False:
         return False
@@ -125,8 +133,12 @@ def register_cuda(segment: shm.Segment, *, cuda: Optional[bool] = None) -> bool:
     address, size = segment.address, segment.size
     err = int(cudart.cudaHostRegister(address, size, 0))
     if err != 0:
-        raise ShmError(errno.EIO, "cudaHostRegister of {} bytes failed: CUDA error {}"
-                       .format(size, err))
+        message = "cudaHostRegister of {} bytes of batch memory failed: CUDA error {}".format(
+            size, err)
+        if cuda or strict:
+            raise ShmError(errno.EIO, message)
+        _warn_once(message + "; copies to the GPU will be staged.")
+        return False
     segment.on_release(_Unregister(cudart, address))
     return True
 
@@ -159,14 +171,14 @@ def new_pool(slot_size: int, *, pin_memory: bool = False, strict: bool = False,
              on_retire: Optional[Callable[[int], None]] = None) -> SlabPool:
     """A SlabPool under this policy.
 
-    With ``pin_memory`` every segment is pinned (pin_segment, with
-    ``strict``) and, when pinned, registered with CUDA (register_cuda, with
-    ``cuda``) before any slot of it is used. ``on_segment`` (after that) and
+    With ``pin_memory`` every segment is pinned (pin_segment) and, when
+    pinned, registered with CUDA (register_cuda) before any slot of it is
+    used; ``strict`` makes either refusal an error instead of a warning. ``on_segment`` (after that) and
     ``on_retire`` are the caller's, e.g. to send segments to workers.
     """
     def prepare(seg_id, segment, size, nslots):
         if pin_memory and pin_segment(segment, strict=strict):
-            register_cuda(segment, cuda=cuda)
+            register_cuda(segment, cuda=cuda, strict=strict)
         if on_segment is not None:
             on_segment(seg_id, segment, size, nslots)
 

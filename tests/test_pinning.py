@@ -7,11 +7,13 @@ import os
 import resource
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
 
 from fastload import _memory
+from fastload_c.errors import ShmError
 from fastload_c.pack import collate_into, unpack
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -117,6 +119,63 @@ def test_over_the_memlock_limit_warns_once_and_falls_back_or_raises_when_strict(
     assert errno_ == 12 and "RLIMIT_MEMLOCK is 65536 bytes" in strict and "4194304" in strict
 
 
+class FakeCudart:
+    """Stands in for torch.cuda.cudart(): records calls, answers `result`."""
+
+    def __init__(self, result=0):
+        self.calls = []
+        self.result = result
+
+    def cudaHostRegister(self, address, size, flags):
+        self.calls.append(("register", address, size, flags))
+        return self.result
+
+    def cudaHostUnregister(self, address):
+        self.calls.append(("unregister", address))
+        return 0
+
+
+def fake_torch(cudart):
+    cuda = types.SimpleNamespace(is_available=lambda: True, cudart=lambda: cudart)
+    return types.SimpleNamespace(cuda=cuda)
+
+
+def test_cuda_registration_policy_with_a_stand_in_driver(monkeypatch):
+    cudart = FakeCudart()
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(cudart))
+    pool = _memory.new_pool(4096, pin_memory=True, slots_per_segment=2)
+    segment = pool.segments[0][1]
+    address = segment.address
+    assert cudart.calls == [("register", address, 8192, 0)]
+    unpinned = _memory.new_pool(4096)                       # not pinned: not registered
+    assert len(cudart.calls) == 1
+    _memory.new_pool(4096, pin_memory=True, cuda=False)     # told not to
+    assert len(cudart.calls) == 1
+    # Unregistered when the segment goes, while its memory is still mapped.
+    seen = []
+    segment.on_release(lambda: seen.append(cudart.calls[-1][0]))
+    pool.close()
+    del pool, segment, unpinned
+    gc.collect()
+    assert cudart.calls[-1] == ("unregister", address) and seen == ["register"]
+    refused = FakeCudart(result=2)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(refused))
+    monkeypatch.setattr(_memory, "_warned", False)
+    with pytest.warns(_memory.PinningWarning, match="CUDA error 2"):
+        pool = _memory.new_pool(4096, pin_memory=True)
+    assert pool.segments[0][1].pinned                      # pinned, only not registered
+    with pytest.raises(ShmError, match="CUDA error 2"):
+        _memory.new_pool(4096, pin_memory=True, strict=True)
+
+
+def test_cuda_auto_mode_never_imports_torch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)   # "import torch" would now fail
+    pool = _memory.new_pool(4096, pin_memory=True)
+    assert pool.segments[0][1].pinned
+    with pytest.raises(ImportError):
+        _memory.new_pool(4096, pin_memory=True, cuda=True)
+
+
 def cuda_available():
     try:
         import torch
@@ -143,13 +202,14 @@ def test_pinned_slots_are_registered_with_cuda_and_copy_to_the_device():
     samples = [np.arange(4096, dtype=np.float32) + i for i in range(32)]
     batch = unpack(lease, collate_into(samples, lease))
     tensor = torch.from_numpy(batch)
-    # The driver knows the memory: torch asks it (cudaPointerGetAttributes),
-    # and registering the range again is refused as already registered.
+    # The driver knows the memory (torch asks cudaPointerGetAttributes)...
     assert tensor.is_pinned()
-    assert int(cudart.cudaHostRegister(address, size, 0)) == 712  # HostMemoryAlreadyRegistered
     on_device = tensor.to("cuda", non_blocking=True)
     torch.cuda.synchronize()
     assert torch.equal(on_device.cpu(), torch.from_numpy(np.stack(samples)))
+    # ...and refuses to register the range again (last: the refusal stays
+    # in CUDA's last-error state, which later torch checks could trip on).
+    assert int(cudart.cudaHostRegister(address, size, 0)) == 712  # HostMemoryAlreadyRegistered
     # Forked workers write through the mapping they inherit: registration
     # must not have made it vanish from children (MADV_DONTFORK).
     proc = mp.get_context("fork").Process(target=_write_through_inherited_mapping, args=(segment,))

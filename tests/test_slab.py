@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fastload_c.pack import SlotTooSmallError, collate_into, gather_into, pickle_into, unpack
-from fastload_c.shm import Segment, recv_segments, send_segments
+from fastload_c.shm import recv_segments, send_segments
 from fastload_c.slab import Lease, SlabPool
 
 

@@ -13,7 +13,6 @@ from fastload_c.pack import SlotTooSmallError, collate_into, gather_into, unpack
 from fastload_c.shm import Segment
 
 Point = collections.namedtuple("Point", "x y")
-Triple = collections.namedtuple("Triple", "a b c")
 
 
 class Record(dict):
