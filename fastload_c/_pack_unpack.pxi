@@ -77,6 +77,7 @@ cdef _Out _decode(tuple node):
         out.type = node[1]
         out.keys = node[2]
         out.children = [_decode(c) for c in node[3]]
+        out.template = node[4]
     else:
         raise ValueError("unknown batch layout node {!r}".format(tag))
     return out
@@ -104,6 +105,10 @@ cdef object _build_out(_Out node, object base, char *data, size_t length, bint r
     mapping = dict(zip(node.keys, items))
     if node.type is dict:
         return mapping
+    if node.template is not None:
+        out = copy.copy(node.template)
+        out.update(mapping)
+        return out
     try:
         return node.type(mapping)
     except TypeError:

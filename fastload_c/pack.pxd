@@ -32,6 +32,7 @@ cdef class _Node:
     cdef list children            # of _Node (containers)
     cdef object type              # namedtuple / mapping type; exact numpy scalar type
     cdef tuple keys               # mapping keys, in sample 0's order
+    cdef object template          # mapping: emptied copy of sample 0's (or None)
     cdef cnp.dtype src            # dtype of sample 0's array or numpy scalar
     cdef cnp.dtype out            # dtype of the batch leaf (np.result_type)
     cdef bint by_numpy            # the batch dtype differs from the source's
@@ -58,7 +59,8 @@ cdef class _Plan:
     cdef _Node root
     cdef Py_ssize_t batch
     cdef list leaves              # _Node of every leaf but strings, tree order
-    cdef Py_ssize_t nvalues       # leaves kept as lists (str, bytes)
+    cdef Py_ssize_t nvalues       # leaves kept as they are (str, bytes)
+    cdef list value_tuples        # per such leaf: inside a sequence (a tuple)
     cdef size_t nbytes
     cdef bytes layout             # encoded tree; see NOTE [ Batch layout ]
 
@@ -82,5 +84,6 @@ cdef class _Out:
     cdef tuple shape
     cdef object type
     cdef tuple keys
+    cdef object template
     cdef list children
     cdef Py_ssize_t index

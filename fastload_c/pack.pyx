@@ -21,7 +21,8 @@ A layout is ``pickle.dumps(message, 5)`` with message one of
 
     ("tree", node)                       arrays and containers only
     ("tree+values", tree_layout, values) tree_layout: the bytes of a "tree"
-                                         layout; values: lists of str/bytes
+                                         layout; values: lists or tuples
+                                         of str/bytes
     ("pickle", offset, length, buffers)  a pickle-5 stream at offset in the
                                          slot; buffers: ((offset, nbytes),...)
 and node one of
@@ -29,8 +30,11 @@ and node one of
     ("a", offset, dtype, shape)          C-contiguous array at slot offset
     ("l", (node, ...))                   list
     ("t", type, (node, ...))             namedtuple: type(*items)
-    ("m", type, keys, (node, ...))       mapping: type(dict(zip(keys, items)))
-    ("v", index)                         values[index], a list kept as is
+    ("m", type, keys, (node, ...), template)
+                                         mapping: copy(template) updated with
+                                         zip(keys, items), or, without a
+                                         template, type(that dict), else dict
+    ("v", index)                         values[index], strings kept as is
 
 Offsets count from the slot's start and are multiples of FL_ALIGN. A "tree"
 layout depends only on the structure, dtypes, shapes and batch size, so it is
@@ -53,7 +57,8 @@ from libc.stdint cimport int64_t
 from libc.string cimport memcmp, memcpy
 
 import pickle
-from collections.abc import Mapping
+import copy
+from collections.abc import Mapping, MutableMapping
 
 import numpy as np
 
@@ -78,6 +83,9 @@ cdef enum:
     K_LIST
     K_NAMEDTUPLE
     K_MAPPING
+
+# Numpy numbers a Python-number position of a later sample may hold.
+_REALS = (np.integer, np.floating, np.bool_)
 
 # _visit's answer for sample 0 when the cached plan is not its plan.
 cdef enum:
@@ -133,7 +141,8 @@ cdef _Plan _make_plan(object sample0, Py_ssize_t batch, dict out_dtypes=None):
     plan.batch = batch
     plan.leaves = []
     plan.nvalues = 0
-    plan.root = _build(plan, sample0)
+    plan.value_tuples = []
+    plan.root = _build(plan, sample0, False)
     cdef _Node node
     cdef size_t off = 0
     cdef Py_ssize_t n = 0
@@ -175,7 +184,7 @@ cdef size_t _prod(_Node node):
     return n
 
 
-cdef _Node _build(_Plan plan, object o):
+cdef _Node _build(_Plan plan, object o, bint in_sequence):
     cdef _Node node = _Node.__new__(_Node)
     cdef int i
     node.kind = _kind_of(o)
@@ -206,18 +215,35 @@ cdef _Node _build(_Plan plan, object o):
     elif node.kind == K_VALUE:
         node.leaf = plan.nvalues
         plan.nvalues += 1
+        plan.value_tuples.append(in_sequence)
         return node
     else:
         if node.kind == K_MAPPING:
             node.keys = tuple(o)
-            node.children = [_build(plan, o[k]) for k in node.keys]
+            node.children = [_build(plan, o[k], False) for k in node.keys]
+            node.template = _mapping_template(o)
         else:
-            node.children = [_build(plan, item) for item in o]
+            node.children = [_build(plan, item, True) for item in o]
         return node
     node.row_bytes = <size_t>node.out.itemsize * _prod(node)
     node.leaf = len(plan.leaves)
     plan.leaves.append(node)
     return node
+
+
+cdef object _mapping_template(object mapping):
+    """An emptied copy of a mutable mapping of its own type, which the batch
+    is rebuilt from (copy + update, as default_collate: a defaultdict keeps
+    its factory); None for a dict, or where no picklable copy can be had."""
+    if type(mapping) is dict or not isinstance(mapping, MutableMapping):
+        return None
+    try:
+        template = copy.copy(mapping)
+        template.clear()
+        pickle.dumps(template, protocol=5)
+    except Exception:
+        return None
+    return template
 
 
 cdef tuple _shape(_Node node):
@@ -233,7 +259,8 @@ cdef tuple _tree(_Node node, Py_ssize_t batch):
     if node.kind == K_NAMEDTUPLE:
         return ("t", node.type, tuple([_tree(c, batch) for c in node.children]))
     if node.kind == K_MAPPING:
-        return ("m", node.type, node.keys, tuple([_tree(c, batch) for c in node.children]))
+        return ("m", node.type, node.keys, tuple([_tree(c, batch) for c in node.children]),
+                node.template)
     return ("a", node.offset, node.out, (batch,) + _shape(node))
 
 
@@ -285,16 +312,17 @@ cdef int _visit(_Node node, object o, Py_ssize_t s, _Walk w) except -1:
     if kind == K_VALUE:
         _keep(<list>w.values[node.leaf], s, o)
         return 0
-    # Later samples may give the number as any kind the batch dtype holds.
-    if kind == K_INT:
-        if not (PyLong_Check(o) or isinstance(o, np.integer)):
+    # Later samples may give another kind of number: a float batch takes
+    # any real; an int or bool batch then takes the dtype np.array infers
+    # from all of them (as torch.tensor does), a "mixed" leaf.
+    if kind == K_FLOAT:
+        if not (PyFloat_Check(o) or PyLong_Check(o) or isinstance(o, _REALS)):
             raise _type_error(s, o, node)
-    elif kind == K_FLOAT:
-        if not (PyFloat_Check(o) or PyLong_Check(o) or isinstance(o, (np.integer, np.floating))):
-            raise _type_error(s, o, node)
-    elif kind == K_BOOL:
-        if not (PyBool_Check(o) or isinstance(o, np.bool_)):
-            raise _type_error(s, o, node)
+    elif kind == K_INT or kind == K_BOOL:
+        if not (PyBool_Check(o) if kind == K_BOOL else PyLong_Check(o)):
+            if not (PyLong_Check(o) or PyFloat_Check(o) or isinstance(o, _REALS)):
+                raise _type_error(s, o, node)
+            _mark_mixed(w, node, None)
     else:
         return _visit_container(node, o, s, w)
     _keep(w.keep, node.leaf * w.batch + s, o)
@@ -374,7 +402,8 @@ cdef int _visit_array(_Node node, object o, Py_ssize_t s, _Walk w) except -1:
 
 
 cdef int _mark_mixed(_Walk w, _Node node, cnp.dtype d) except -1:
-    _check_dtype(d)
+    if d is not None:
+        _check_dtype(d)
     if w.mixed is None:
         w.mixed = {}
     w.mixed[node.leaf] = True
@@ -406,7 +435,8 @@ def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1):
     The batch equals fastload's default_collate of the same samples (same
     structure, dtypes, shapes, values): arrays stacked to (B, *shape) with
     np.stack's dtype, numbers to int64 / float64 / bool arrays, strings kept
-    as lists, tuples to lists, mappings and namedtuples to their own type.
+    (a tuple inside a sequence, as torch), tuples to lists, mappings and
+    namedtuples to their own type.
     Returns the layout for unpack. Raises CollateError naming both
     samples when shapes or structures disagree, TypeError for unsupported
     leaves, SlotTooSmallError (nothing written) when the slot is too small.
@@ -438,16 +468,25 @@ def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1):
     _write_by_numpy(plan, w, t)
     if plan.nvalues == 0:
         return plan.layout
-    return _dumps(("tree+values", plan.layout, w.values))
+    # Strings come back as torch gives them: a tuple where they were items
+    # of a sequence (collation transposes those with zip), else a list.
+    values = [tuple(v) if as_tuple else v for v, as_tuple in zip(w.values, plan.value_tuples)]
+    return _dumps(("tree+values", plan.layout, values))
 
 
 cdef dict _promoted(_Plan plan, _Walk w):
-    """Batch dtypes of leaves whose samples' dtypes differ, as np.stack."""
+    """Batch dtypes of leaves whose samples' dtypes differ: as np.stack for
+    arrays, as np.array infers for numbers."""
     cdef dict out = {}
     cdef Py_ssize_t b = plan.batch
+    cdef _Node node
     for leaf in w.mixed:
+        node = plan.leaves[leaf]
         objs = w.keep[leaf * b:(leaf + 1) * b]
-        out[leaf] = np.result_type(*[np.asarray(o).dtype for o in objs])
+        if node.kind == K_ARRAY or node.kind == K_NPSCALAR:
+            out[leaf] = np.result_type(*[np.asarray(o).dtype for o in objs])
+        else:
+            out[leaf] = np.array(objs).dtype
     return out
 
 
@@ -495,5 +534,9 @@ cdef int _write_by_numpy(_Plan plan, _Walk w, _Target t) except -1:
     for node in plan.leaves:
         if node.by_numpy:
             out = _array_at(t.base + node.offset, node.out, (b,) + _shape(node), None)
-            np.stack(w.keep[node.leaf * b:(node.leaf + 1) * b], out=out)
+            objs = w.keep[node.leaf * b:(node.leaf + 1) * b]
+            if node.kind == K_ARRAY or node.kind == K_NPSCALAR:
+                np.stack(objs, out=out)
+            else:
+                out[...] = np.array(objs)
     return 0

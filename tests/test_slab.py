@@ -202,7 +202,7 @@ def test_a_child_writes_a_batch_the_parent_views(method):
     assert proc.exitcode == 0
     x, n, names = unpack(lease, layout)
     assert x.shape == (4, 2, 3) and (x[:, 0, 0] == np.arange(4)).all()
-    assert n.tolist() == [0, 1, 2, 3] and names == ["n0", "n1", "n2", "n3"]
+    assert n.tolist() == [0, 1, 2, 3] and names == ("n0", "n1", "n2", "n3")
     g = unpack(memoryview(lease)[4096:], gathered)
     assert g.tolist() == [[6, 7], [98, 99]]
 

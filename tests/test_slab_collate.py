@@ -1,7 +1,8 @@
 """Collation and gather into slots equal their references: default_collate
 (written here from its rules, with np.stack) and numpy fancy indexing."""
 import collections
-from collections.abc import Mapping
+import copy
+from collections.abc import Mapping, MutableMapping
 
 import numpy as np
 import pytest
@@ -20,11 +21,11 @@ class Record(dict):
 
 
 def reference_collate(batch):
-    """default_collate's rules, with np.stack. (To be replaced by
-    fastload.default_collate once it lands.)"""
+    """default_collate's rules, with np.stack, as torch structures them.
+    (To be replaced by fastload.default_collate.)"""
     elem = batch[0]
     if isinstance(elem, (str, bytes)):
-        return list(batch)
+        return batch  # as given: a tuple where zip transposed a sequence
     if isinstance(elem, (np.ndarray, np.generic)):
         arrays = [np.asarray(b) for b in batch]
         for i, a in enumerate(arrays):
@@ -34,24 +35,26 @@ def reference_collate(batch):
                 raise CollateError("default_collate: sample {} has shape {} but sample 0 has "
                                    "shape {}".format(i, a.shape, arrays[0].shape))
         return np.stack(arrays)
-    if isinstance(elem, bool):
-        return np.array(batch, dtype=np.bool_)
-    if isinstance(elem, int):
-        return np.array(batch, dtype=np.int64)
     if isinstance(elem, float):
         return np.array(batch, dtype=np.float64)
+    if isinstance(elem, int):  # and bool: the dtype all of them make
+        return np.array(batch)
     if isinstance(elem, Mapping):
         out = {key: reference_collate([b[key] for b in batch]) for key in elem}
+        if isinstance(elem, MutableMapping):
+            clone = copy.copy(elem)
+            clone.update(out)
+            return clone
         try:
             return type(elem)(out)
         except TypeError:
             return out
     if isinstance(elem, tuple) and hasattr(elem, "_fields"):
-        return type(elem)(*(reference_collate(list(s)) for s in zip(*batch)))
+        return type(elem)(*(reference_collate(s) for s in zip(*batch)))
     if isinstance(elem, (list, tuple)):
         if any(len(b) != len(elem) for b in batch):
             raise RuntimeError("each element in list of batch should be of equal size")
-        return [reference_collate(list(s)) for s in zip(*batch)]
+        return [reference_collate(s) for s in zip(*batch)]
     raise TypeError("default_collate: found {}".format(type(elem)))
 
 
@@ -103,7 +106,8 @@ schemas = st.recursive(
     lambda inner: st.one_of(
         st.tuples(st.sampled_from(["list", "tuple"]), st.lists(inner, min_size=1, max_size=3)),
         st.tuples(st.just("dict"), st.dictionaries(st.sampled_from("abcd"), inner, min_size=1, max_size=3)),
-        st.tuples(st.just("record"), st.dictionaries(st.sampled_from("xyz"), inner, min_size=1, max_size=2)),
+        st.tuples(st.sampled_from(["record", "defaultdict"]),
+                  st.dictionaries(st.sampled_from("xyz"), inner, min_size=1, max_size=2)),
         st.tuples(st.just("point"), st.tuples(inner, inner)),
     ),
     max_leaves=6,
@@ -152,6 +156,8 @@ def make_sample(schema, rng):
         return {k: make_sample(s, rng) for k, s in schema[1].items()}
     if kind == "record":
         return Record({k: make_sample(s, rng) for k, s in schema[1].items()})
+    if kind == "defaultdict":
+        return collections.defaultdict(list, {k: make_sample(s, rng) for k, s in schema[1].items()})
     return Point(*(make_sample(s, rng) for s in schema[1]))
 
 
@@ -166,6 +172,7 @@ def test_collate_into_slot_equals_default_collate(seg, schema, batch, seed):
     assert_same(collate(samples, seg), reference_collate(samples))
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
 @settings(max_examples=60, deadline=None)
 @given(dtypes=st.lists(st.sampled_from(["?", "i1", "<i4", ">i4", "<i8", "<f4", ">f8", "<c8"]),
                        min_size=2, max_size=5),
@@ -203,9 +210,20 @@ def test_unsupported_leaves_in_later_samples_are_type_errors_too(seg):
         collate_into([1, None], seg)
 
 
-def test_later_samples_may_give_numbers_as_numpy_scalars(seg):
-    got = collate([(1, 1.5, True), (np.int32(2), np.float32(2.5), np.bool_(False)), (3, 4, True)], seg)
-    assert_same(got, [np.array([1, 2, 3]), np.array([1.5, 2.5, 4.0]), np.array([True, False, True])])
+@pytest.mark.parametrize("samples", [
+    [(1, 1.5, True), (np.int32(2), np.float32(2.5), np.bool_(False)), (3, 4, True)],
+    [(1, 1.5, True), (2.5, 2, 7), (3, True, False)],
+    [(True, 0.5), (np.uint8(200), np.int64(2))],
+])
+def test_numbers_of_other_kinds_in_later_samples_infer_the_dtype(seg, samples):
+    assert_same(collate(samples, seg), reference_collate(samples))
+
+
+def test_a_defaultdict_keeps_its_factory(seg):
+    samples = [collections.defaultdict(list, a=np.arange(2)) for _ in range(3)]
+    got = collate(samples, seg)
+    assert type(got) is collections.defaultdict and got.default_factory is list
+    assert_same(got, reference_collate(samples))
 
 
 def test_unequal_lengths_and_kinds_raise(seg):
@@ -213,8 +231,8 @@ def test_unequal_lengths_and_kinds_raise(seg):
         collate_into([[1, 2], [1, 2, 3]], seg)
     with pytest.raises(CollateError, match="sample 1 is a str but sample 0 is a numpy.ndarray"):
         collate_into([np.zeros(2), "x"], seg)
-    with pytest.raises(CollateError, match="sample 2 is a float but sample 0 is a int"):
-        collate_into([1, 2, 3.5], seg)
+    with pytest.raises(CollateError, match="sample 2 is a str but sample 0 is a int"):
+        collate_into([1, 2, "3"], seg)
     with pytest.raises(KeyError):
         collate_into([{"a": 1}, {"b": 1}], seg)
 
@@ -239,6 +257,8 @@ def test_strings_travel_in_the_layout_and_structures_come_back(seg):
     assert got["raw"] == [b"\0\1"] * 3
     assert type(got["pt"]) is Point
     assert_same(got, reference_collate(samples))
+    # Items of a sequence are transposed with zip: torch gives them as a tuple.
+    assert collate([(np.zeros(1), "a"), (np.ones(1), "b")], seg)[1] == ("a", "b")
 
 
 def test_a_batch_too_large_for_its_slot_writes_nothing(seg):
