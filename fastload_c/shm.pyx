@@ -5,16 +5,24 @@ A Segment is a memfd mapped shared read-write. It has no name in /dev/shm, so
 nothing outlives the last process holding it, whatever killed that process.
 It reaches other processes as a file descriptor: pickling a Segment while a
 process is being started (spawn, forkserver) passes its descriptor to the
-child, and a forked child inherits it.
+child, and a forked child inherits it. A process that is already running
+receives one over a Unix socket (send_segments / recv_segments).
 """
+cimport cython
 from cpython.buffer cimport PyBuffer_FillInfo
 from posix.unistd cimport close
 
 include "_status.pxi"
 
+import socket
+import struct
+
 from fastload_c.errors import ShmError
 
 
+# Release hooks run from __dealloc__, so the list must survive until then even
+# when the segment dies in a garbage cycle.
+@cython.no_gc_clear
 cdef class Segment:
     """Shared memory of ``size`` bytes, every page reserved at creation.
 
@@ -30,6 +38,8 @@ cdef class Segment:
         self._fd = -1
         self.addr = NULL
         self.size = 0
+        self._pinned = False
+        self._release_hooks = []
         if _fd >= 0:
             # Attach: the descriptor is ours from here on, success or not.
             with nogil:
@@ -64,6 +74,69 @@ cdef class Segment:
     def closed(self):
         return self.addr == NULL
 
+    @property
+    def address(self):
+        """Start of this process's mapping, for registering it with a driver
+        (cudaHostRegister). Valid until the segment is closed."""
+        self._check_open()
+        return <size_t>self.addr
+
+    @property
+    def pinned(self):
+        """Whether pin() locked this mapping in RAM."""
+        return self._pinned
+
+    def prefault(self):
+        """Map every page writable now, so no later write takes a page fault."""
+        self._check_open()
+        cdef int rc
+        with nogil:
+            rc = fl_shm_prefault(self.addr, self.size)
+        if rc != 0:
+            raise_errno("cannot prefault shared segment of {} bytes".format(self.size), ShmError)
+
+    def pin(self):
+        """Lock the segment in RAM (mlock) and prefault every page.
+
+        Raises ShmError (an OSError) with the errno of mlock: ENOMEM or EPERM
+        when RLIMIT_MEMLOCK does not allow it. Whether to fall back is policy
+        (fastload._memory), not decided here. Unlocked again on release.
+        """
+        self._check_open()
+        if self._pinned:
+            return
+        cdef int rc
+        with nogil:
+            rc = fl_shm_pin(self.addr, self.size)
+        if rc != 0:
+            raise_errno("cannot pin shared segment of {} bytes".format(self.size), ShmError)
+        self._pinned = True
+
+    def unpin(self):
+        """Undo pin(); a no-op when not pinned."""
+        self._check_open()
+        if not self._pinned:
+            return
+        cdef int rc
+        with nogil:
+            rc = fl_shm_unpin(self.addr, self.size)
+        if rc != 0:
+            raise_errno("cannot unpin shared segment of {} bytes".format(self.size), ShmError)
+        self._pinned = False
+
+    def on_release(self, hook):
+        """Call ``hook()`` when the mapping goes away (close or last reference),
+        before it is unmapped: the place to undo a driver registration. Hooks
+        run newest first; one that raises is reported and the rest still run.
+        A hook must not refer to this segment (it would keep it alive)."""
+        self._check_open()
+        self._release_hooks.append(hook)
+
+    cdef int _check_open(self) except -1:
+        if self.addr == NULL:
+            raise ValueError("Segment is closed")
+        return 0
+
     def close(self):
         """Unmap and close. Refused while a buffer view of it is alive."""
         if self._exports > 0:
@@ -72,20 +145,35 @@ cdef class Segment:
         self._release()
 
     cdef void _release(self) noexcept:
-        if self.addr != NULL:
-            fl_shm_unmap(self.addr, self.size)
-            self.addr = NULL
-        if self._fd >= 0:
-            close(self._fd)
-            self._fd = -1
+        cdef char *addr = self.addr
+        cdef int fd = self._fd
+        cdef bint pinned = self._pinned
+        if addr != NULL:
+            self._run_release_hooks()
+        self.addr = NULL
+        self._fd = -1
+        self._pinned = False
+        # Unmapping a large pinned segment takes a while: let threads run.
+        with nogil:
+            if addr != NULL:
+                if pinned:
+                    fl_shm_unpin(addr, self.size)
+                fl_shm_unmap(addr, self.size)
+            if fd >= 0:
+                close(fd)
+
+    cdef void _run_release_hooks(self) noexcept:
+        hooks = self._release_hooks
+        self._release_hooks = []
+        while hooks:
+            _call_hook(hooks.pop())
 
     def __dealloc__(self):
         # Views hold a reference to the segment, so none is alive here.
         self._release()
 
     def __getbuffer__(self, Py_buffer *buffer, int flags):
-        if self.addr == NULL:
-            raise ValueError("Segment is closed")
+        self._check_open()
         PyBuffer_FillInfo(buffer, self, self.addr, self.size, 0, flags)
         self._exports += 1
 
@@ -100,6 +188,8 @@ cdef class Segment:
 
     def __repr__(self):
         state = "closed" if self.addr == NULL else "fd={}".format(self._fd)
+        if self._pinned:
+            state += " pinned"
         return "<fastload_c.shm.Segment size={} {}>".format(self.size, state)
 
 
@@ -110,3 +200,95 @@ def available():
 
 def _attach_dupfd(dupfd, size_t size):
     return Segment(size, _fd=dupfd.detach())
+
+
+cdef void _call_hook(hook) noexcept:
+    # noexcept: an exception here goes to sys.unraisablehook, and the
+    # remaining hooks still run.
+    hook()
+
+
+# Wire format of send_segments: magic, segment count, meta length, then one
+# little-endian u64 size per segment, then meta. The descriptors ride along
+# as SCM_RIGHTS with the first bytes.
+_HEADER = struct.Struct("<4sII")
+_MAGIC = b"FLsg"
+_MAX_FDS = 253  # SCM_MAX_FD: the kernel's limit of descriptors per message
+
+
+def send_segments(sock, segments, bytes meta=b""):
+    """Send Segments to the process at the other end of ``sock``.
+
+    ``sock`` is a connected AF_UNIX stream socket (``socket.socketpair()``).
+    Each segment's descriptor travels with its size; ``meta`` is opaque bytes
+    for the caller (segment ids, slot sizes). The receiver maps its own view
+    with recv_segments. Blocks like ``sock.sendall``.
+    """
+    segments = list(segments)
+    _check_stream(sock)
+    if len(segments) > _MAX_FDS:
+        raise ValueError("cannot send more than {} segments in one message, got {}"
+                         .format(_MAX_FDS, len(segments)))
+    cdef Segment seg
+    fds = []
+    sizes = []
+    for seg in segments:
+        if seg._fd < 0:
+            raise ValueError("cannot send a closed Segment")
+        fds.append(seg._fd)
+        sizes.append(seg.size)
+    payload = (_HEADER.pack(_MAGIC, len(segments), len(meta))
+               + struct.pack("<{}Q".format(len(sizes)), *sizes) + meta)
+    sent = socket.send_fds(sock, [payload], fds)
+    if sent < len(payload):
+        sock.sendall(payload[sent:])
+
+
+def recv_segments(sock):
+    """Receive what send_segments sent: ``(list of Segment, meta bytes)``.
+
+    The new Segments own the received descriptors (close-on-exec). Raises
+    EOFError when the peer closed the socket, ShmError when the message is
+    malformed or its descriptors were cut off; no descriptor leaks either way.
+    """
+    _check_stream(sock)
+    msg, fds, flags, _ = socket.recv_fds(sock, _HEADER.size, _MAX_FDS, socket.MSG_CMSG_CLOEXEC)
+    segments = []
+    try:
+        if not msg and not fds:
+            raise EOFError("peer closed the socket")
+        if flags & socket.MSG_CTRUNC:
+            raise ShmError("segment descriptors were truncated (out of descriptors?)")
+        head = msg + _recv_exact(sock, _HEADER.size - len(msg))
+        magic, count, meta_len = _HEADER.unpack(head)
+        if magic != _MAGIC or count != len(fds):
+            raise ShmError("malformed segment message: {} descriptors, header {!r}"
+                           .format(len(fds), head))
+        sizes = struct.unpack("<{}Q".format(count), _recv_exact(sock, 8 * count))
+        meta = _recv_exact(sock, meta_len)
+        while fds:
+            # Segment owns (and on failure closes) the descriptor from here.
+            segments.append(Segment.attach(fds.pop(0), sizes[len(segments)]))
+    except BaseException:
+        for fd in fds:
+            close(fd)
+        for seg in segments:
+            seg.close()
+        raise
+    return segments, meta
+
+
+def _check_stream(sock):
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+        raise ValueError("segments travel over an AF_UNIX SOCK_STREAM socket, got {!r}".format(sock))
+
+
+def _recv_exact(sock, Py_ssize_t n):
+    chunks = []
+    while n > 0:
+        chunk = sock.recv(n)
+        if not chunk:
+            raise EOFError("peer closed the socket in the middle of a segment message")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)

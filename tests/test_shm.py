@@ -1,12 +1,14 @@
 import gc
 import multiprocessing as mp
 import os
+import socket
+import sys
 
 import numpy as np
 import pytest
 
 from fastload_c.errors import ShmError
-from fastload_c.shm import Segment
+from fastload_c.shm import Segment, recv_segments, send_segments
 
 
 def test_segment_is_writable_shared_memory():
@@ -72,3 +74,153 @@ def test_child_writes_are_seen_by_parent(method):
     proc.join(30)
     assert proc.exitcode == 0
     assert (np.frombuffer(seg, dtype=np.uint8) == 9).all()
+
+
+def _vmlck():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmLck:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmLck in /proc/self/status")
+
+
+def test_pin_locks_every_page_and_release_unlocks():
+    # Runs as root here, where RLIMIT_MEMLOCK does not bind (test_pinning
+    # covers the limit).
+    size = 1 << 20
+    before = _vmlck()
+    seg = Segment(size)
+    assert not seg.pinned
+    seg.pin()
+    seg.pin()  # idempotent
+    assert seg.pinned and "pinned" in repr(seg)
+    assert _vmlck() - before == size
+    seg.unpin()
+    assert not seg.pinned and _vmlck() == before
+    seg.pin()
+    seg.close()
+    assert _vmlck() == before
+
+
+def test_pin_and_prefault_refused_once_closed():
+    seg = Segment(4096)
+    seg.prefault()
+    seg.close()
+    for method in (seg.pin, seg.unpin, seg.prefault):
+        with pytest.raises(ValueError, match="closed"):
+            method()
+
+
+def test_prefault_leaves_no_page_fault_for_later_writes():
+    import resource
+
+    seg = Segment(4 << 20)
+    seg.prefault()
+    view = np.frombuffer(seg, dtype=np.uint8)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    view[::4096] = 1
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 16
+
+
+def test_release_hooks_run_newest_first_before_unmap_and_survive_errors():
+    seg = Segment(4096)
+    calls = []
+    seg.on_release(lambda: calls.append(("first", seg_alive())))
+    seg.on_release(lambda: 1 / 0)
+    seg.on_release(lambda: calls.append(("last", seg_alive())))
+    address = seg.address
+    seen = []
+
+    def seg_alive():
+        # Still mapped: the address is readable through a fresh view.
+        return address == seen[0].address and not seen[0].closed
+
+    seen.append(seg)
+    errors = []
+    old, sys.unraisablehook = sys.unraisablehook, errors.append
+    try:
+        seg.close()
+    finally:
+        sys.unraisablehook = old
+    assert calls == [("last", True), ("first", True)]
+    assert len(errors) == 1 and errors[0].exc_type is ZeroDivisionError
+
+
+def test_release_hooks_run_when_the_last_reference_goes():
+    calls = []
+    seg = Segment(4096)
+    seg.on_release(lambda: calls.append(1))
+    del seg
+    gc.collect()
+    assert calls == [1]
+
+
+def _receive_and_write(sock, result):
+    segments, meta = recv_segments(sock)
+    for seg, value in zip(segments, meta):
+        np.frombuffer(seg, dtype=np.uint8)[:] = value
+    result.put([s.size for s in segments])
+    sock.close()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.timeout(60)
+def test_segments_reach_an_already_running_process_over_a_socket(method):
+    ctx = mp.get_context(method)
+    parent, child = socket.socketpair()
+    result = ctx.Queue()
+    proc = ctx.Process(target=_receive_and_write, args=(child, result))
+    proc.start()
+    child.close()
+    # Made after the child started: only the socket can bring them there.
+    segments = [Segment(4096), Segment(3 * 4096)]
+    send_segments(parent, segments, meta=bytes([7, 9]))
+    assert result.get(timeout=30) == [4096, 3 * 4096]
+    proc.join(30)
+    assert proc.exitcode == 0
+    assert (np.frombuffer(segments[0], dtype=np.uint8) == 7).all()
+    assert (np.frombuffer(segments[1], dtype=np.uint8) == 9).all()
+    parent.close()
+
+
+def _open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_send_recv_in_process_and_no_descriptor_leak():
+    a, b = socket.socketpair()
+    before = _open_fds()
+    for _ in range(50):
+        seg = Segment(8192)
+        np.frombuffer(seg, dtype=np.uint8)[:3] = [1, 2, 3]
+        send_segments(a, [seg], meta=b"x" * 100_000)  # meta larger than one send
+        got, meta = recv_segments(b)
+        assert meta == b"x" * 100_000
+        assert got[0].size == 8192 and bytes(np.frombuffer(got[0], np.uint8)[:3]) == b"\1\2\3"
+        del seg, got
+    gc.collect()
+    assert _open_fds() == before
+    a.close()
+    with pytest.raises(EOFError):
+        recv_segments(b)
+    b.close()
+
+
+def test_malformed_message_closes_the_descriptors_it_carried():
+    a, b = socket.socketpair()
+    seg = Segment(4096)
+    before = _open_fds()
+    socket.send_fds(a, [b"nope" + bytes(8)], [seg.fd, seg.fd])
+    with pytest.raises(ShmError, match="malformed"):
+        recv_segments(b)
+    assert _open_fds() == before
+    a.close()
+    b.close()
+
+
+def test_sockets_other_than_unix_streams_are_refused():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    with pytest.raises(ValueError, match="SOCK_STREAM"):
+        send_segments(a, [Segment(4096)])
+    a.close()
+    b.close()

@@ -1,0 +1,58 @@
+# Part of pack.pyx: the pickle-5 transport, for batches of any shape (a
+# custom collate_fn's result).
+
+
+def pickle_into(obj, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1, *,
+                Py_ssize_t inband_limit=1024):
+    """Pickle ``obj`` (protocol 5) into the slot, buffers of ``inband_limit``
+    bytes or more out of band, so unpack rebuilds arrays viewing the slot.
+    The stream itself is written in the slot too: the layout stays a few
+    bytes per buffer. SlotTooSmallError when it does not fit."""
+    buffers = []
+
+    def out_of_band(pb):
+        raw = pb.raw()
+        if raw.nbytes < inband_limit:
+            return True
+        buffers.append(raw)
+        return False
+
+    stream = pickle.dumps(obj, protocol=5, buffer_callback=out_of_band)
+    cdef size_t off = 0
+    places = []
+    for raw in buffers:
+        off = fl_align_up(off, FL_ALIGN)
+        places.append((off, raw.nbytes))
+        off += raw.nbytes
+    cdef size_t stream_off = fl_align_up(off, FL_ALIGN)
+    cdef _Target t = _target(target, offset, capacity)
+    t.check(stream_off + len(stream))
+    layout = _dumps(("pickle", stream_off, len(stream), tuple(places)))
+    buffers.append(stream)
+    places.append((stream_off, len(stream)))
+    _copy_buffers(t.base, buffers, places)
+    return layout
+
+
+cdef int _copy_buffers(char *base, list buffers, list places) except -1:
+    cdef Py_ssize_t i, n = len(buffers), held = 0
+    cdef Py_buffer *views = <Py_buffer *>PyMem_Malloc(max(n, 1) * sizeof(Py_buffer))
+    cdef size_t *offs = <size_t *>PyMem_Malloc(max(n, 1) * sizeof(size_t))
+    if views == NULL or offs == NULL:
+        PyMem_Free(views)
+        PyMem_Free(offs)
+        raise MemoryError()
+    try:
+        for i in range(n):
+            PyObject_GetBuffer(buffers[i], &views[i], PyBUF_SIMPLE)
+            held += 1
+            offs[i] = places[i][0]
+        with nogil:
+            for i in range(n):
+                memcpy(base + offs[i], views[i].buf, <size_t>views[i].len)
+    finally:
+        for i in range(held):
+            PyBuffer_Release(&views[i])
+        PyMem_Free(views)
+        PyMem_Free(offs)
+    return 0

@@ -1,0 +1,147 @@
+#include "fl_copy.h"
+
+#include <stdint.h>
+#include <string.h>
+
+/* numpy allows up to 64 dimensions (NPY_MAXDIMS). */
+#define FL_MAXDIMS 64
+
+size_t fl_align_up(size_t n, size_t align)
+{
+    size_t mask = align - 1;
+    if (n > SIZE_MAX - mask)
+        return 0;
+    return (n + mask) & ~mask;
+}
+
+/* One element; the fixed sizes compile to single moves. */
+static inline void copy_item(char *dst, const char *src, size_t itemsize)
+{
+    switch (itemsize) {
+    case 1: memcpy(dst, src, 1); break;
+    case 2: memcpy(dst, src, 2); break;
+    case 4: memcpy(dst, src, 4); break;
+    case 8: memcpy(dst, src, 8); break;
+    case 16: memcpy(dst, src, 16); break;
+    default: memcpy(dst, src, itemsize); break;
+    }
+}
+
+void fl_copy_strided(char *dst, const char *src, int ndim, const ptrdiff_t *dims,
+                     const ptrdiff_t *strides, size_t itemsize)
+{
+    ptrdiff_t shape[FL_MAXDIMS], step[FL_MAXDIMS], index[FL_MAXDIMS];
+    int nd = 0;
+
+    /* Drop length-1 axes and merge axes that walk memory as one (stride of
+     * the outer == extent of the inner), so a view like a[:, ::2] of a 4-d
+     * array becomes as few loops as its memory allows. */
+    for (int i = 0; i < ndim; i++) {
+        if (dims[i] == 0)
+            return;
+        if (dims[i] == 1)
+            continue;
+        if (nd > 0 && step[nd - 1] == strides[i] * dims[i]) {
+            shape[nd - 1] *= dims[i];
+            step[nd - 1] = strides[i];
+            continue;
+        }
+        shape[nd] = dims[i];
+        step[nd] = strides[i];
+        nd++;
+    }
+    if (nd == 0) {
+        copy_item(dst, src, itemsize);
+        return;
+    }
+
+    /* The innermost axis is either one block or an element loop. */
+    ptrdiff_t inner_n = shape[nd - 1], inner_step = step[nd - 1];
+    int inner_block = inner_step == (ptrdiff_t)itemsize;
+    size_t inner_bytes = (size_t)inner_n * itemsize;
+    int outer = nd - 1;
+    for (int i = 0; i < outer; i++)
+        index[i] = 0;
+
+    for (;;) {
+        if (inner_block) {
+            memcpy(dst, src, inner_bytes);
+            dst += inner_bytes;
+        } else {
+            const char *s = src;
+            for (ptrdiff_t j = 0; j < inner_n; j++, s += inner_step, dst += itemsize)
+                copy_item(dst, s, itemsize);
+        }
+        /* Advance the outer odometer; done when it wraps. */
+        int d = outer - 1;
+        for (; d >= 0; d--) {
+            src += step[d];
+            if (++index[d] < shape[d])
+                break;
+            src -= step[d] * shape[d];
+            index[d] = 0;
+        }
+        if (d < 0)
+            return;
+    }
+}
+
+void fl_copy_rows(char *dst, size_t row_bytes, const char *const *src,
+                  const ptrdiff_t *const *strides, int ndim, const ptrdiff_t *dims,
+                  size_t itemsize, size_t n)
+{
+    if (row_bytes == 0)
+        return;
+    size_t i = 0;
+    while (i < n) {
+        if (strides[i] != NULL) {
+            fl_copy_strided(dst + i * row_bytes, src[i], ndim, dims, strides[i], itemsize);
+            i++;
+            continue;
+        }
+        /* Samples that are consecutive rows of one array (a dataset
+         * returning views) are one memcpy. */
+        size_t j = i + 1;
+        while (j < n && strides[j] == NULL && src[j] == src[j - 1] + row_bytes)
+            j++;
+        memcpy(dst + i * row_bytes, src[i], (j - i) * row_bytes);
+        i = j;
+    }
+}
+
+ptrdiff_t fl_normalize_indices(ptrdiff_t *idx, size_t n, ptrdiff_t len)
+{
+    for (size_t i = 0; i < n; i++) {
+        ptrdiff_t k = idx[i];
+        if (k < 0)
+            k += len;
+        if (k < 0 || k >= len)
+            return (ptrdiff_t)i;
+        idx[i] = k;
+    }
+    return -1;
+}
+
+void fl_gather_rows(char *dst, const char *src, ptrdiff_t stride0, const ptrdiff_t *idx,
+                    size_t n, size_t row_bytes, int contiguous, int ndim,
+                    const ptrdiff_t *dims, const ptrdiff_t *strides, size_t itemsize)
+{
+    if (row_bytes == 0)
+        return;
+    if (!contiguous) {
+        for (size_t i = 0; i < n; i++)
+            fl_copy_strided(dst + i * row_bytes, src + idx[i] * stride0, ndim, dims, strides,
+                            itemsize);
+        return;
+    }
+    int packed = stride0 == (ptrdiff_t)row_bytes;
+    size_t i = 0;
+    while (i < n) {
+        size_t j = i + 1;
+        if (packed)
+            while (j < n && idx[j] == idx[j - 1] + 1)
+                j++;
+        memcpy(dst + i * row_bytes, src + idx[i] * stride0, (j - i) * row_bytes);
+        i = j;
+    }
+}

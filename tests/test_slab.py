@@ -1,0 +1,270 @@
+"""The slab pool: slots, leases and their lifetime, growth, pickle-5
+transport, and batches crossing processes."""
+import gc
+import multiprocessing as mp
+import os
+import pickle
+import socket
+import weakref
+
+import numpy as np
+import pytest
+
+from fastload_c.pack import SlotTooSmallError, collate_into, gather_into, pickle_into, unpack
+from fastload_c.shm import recv_segments, send_segments
+from fastload_c.slab import Lease, SlabPool
+
+
+def batch_in(pool, samples):
+    lease = pool.acquire()
+    return unpack(lease, collate_into(samples, lease))
+
+
+def test_slots_are_whole_pages_and_leases_name_them():
+    pool = SlabPool(5000, slots_per_segment=3)
+    assert pool.slot_size == 8192 and pool.nbytes == 3 * 8192
+    leases = [pool.acquire() for _ in range(3)]
+    assert [(l.segment_id, l.slot, l.offset, l.capacity) for l in leases] == [
+        (0, 0, 0, 8192), (0, 1, 8192, 8192), (0, 2, 16384, 8192)]
+    assert pool.leased == 3 and pool.free_slots == 0
+    assert len(memoryview(leases[1])) == 8192 and not memoryview(leases[1]).readonly
+    with pytest.raises(TypeError):
+        Lease()
+    with pytest.raises(TypeError, match="cannot leave its process"):
+        pickle.dumps(leases[0])
+
+
+def test_views_keep_the_slot_and_it_is_reused_after_the_last_goes():
+    pool = SlabPool(4096, slots_per_segment=1, max_bytes=4096)
+    x, y = batch_in(pool, [(np.arange(4.0), 1), (np.arange(4.0), 2)])
+    lease = x.base
+    assert type(lease) is Lease and y.base is lease
+    gone = weakref.ref(lease)
+    del lease
+    derived = x[1:].T.reshape(-1)[::2]   # views of views: numpy keeps the lease as base
+    mv = memoryview(y)
+    del x, y
+    gc.collect()
+    assert gone() is not None and pool.leased == 1
+    assert pool.acquire() is None        # the only slot is still viewed
+    del derived
+    assert gone() is not None
+    del mv
+    assert gone() is None and pool.leased == 0
+    again = pool.acquire()
+    assert again.segment_id == 0 and again.slot == 0
+
+
+def test_a_batch_in_a_garbage_cycle_gives_its_slot_back():
+    pool = SlabPool(4096, slots_per_segment=1)
+    for _ in range(10):
+        lease = pool.acquire()
+        holder = {"batch": unpack(lease, collate_into([np.arange(3)] * 2, lease)), "lease": lease}
+        holder["self"] = holder
+        del lease, holder
+        gc.collect()
+        assert pool.leased == 0
+
+
+def test_torch_tensors_from_a_batch_keep_the_slot():
+    torch = pytest.importorskip("torch")
+    pool = SlabPool(4096, slots_per_segment=1)
+    batch = batch_in(pool, [np.ones(3, np.float32)] * 2)
+    tensor = torch.from_numpy(batch)
+    del batch
+    gc.collect()
+    assert pool.leased == 1
+    assert tensor.sum().item() == 6
+    del tensor
+    assert pool.leased == 0
+
+
+def test_a_held_batch_is_never_overwritten_while_the_pool_serves():
+    pool = SlabPool(4096, slots_per_segment=2)
+    held = []
+    for i in range(5):
+        held.append(batch_in(pool, [np.full(64, i, np.int32), np.full(64, -i, np.int32)]))
+    expected = [b.copy() for b in held]
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        b = batch_in(pool, [rng.integers(0, 1000, 64, dtype=np.int32)] * 2)
+        assert b.shape == (2, 64)
+    for b, e in zip(held, expected):
+        assert (b == e).all()
+    # Five held, one cycling: the pool grew to what was held, no further.
+    assert pool.leased == 5 and pool.nbytes == 4 * 2 * 4096
+
+
+def test_growth_stops_at_the_cap_with_a_sentinel():
+    pool = SlabPool(4096, slots_per_segment=2, max_bytes=5 * 4096)
+    leases = [pool.acquire() for _ in range(5)]
+    assert all(isinstance(l, Lease) for l in leases)
+    assert [l.segment_id for l in leases] == [0, 0, 1, 1, 2]   # the last segment: what the cap allowed
+    assert pool.acquire() is None and pool.nbytes == 5 * 4096
+    del leases[0]
+    assert pool.acquire() is not None
+    with pytest.raises(ValueError, match="cannot hold one slot"):
+        SlabPool(8192, max_bytes=4096)
+
+
+def test_slots_grow_for_a_batch_that_does_not_fit_and_old_segments_retire():
+    events = []
+    pool = SlabPool(4096, slots_per_segment=2, on_segment=lambda *a: events.append(("new",) + a[:1] + a[2:]),
+                    on_retire=lambda i: events.append(("retire", i)))
+    small = pool.acquire()
+    samples = [np.ones(1024, np.float64)] * 2
+    with pytest.raises(SlotTooSmallError) as info:
+        collate_into(samples, small)
+    big = pool.acquire(info.value.needed)
+    assert big.capacity >= info.value.needed and big.capacity % 4096 == 0
+    assert (unpack(big, collate_into(samples, big)) == 1).all()
+    assert events == [("new", 0, 4096, 2), ("new", 1, big.capacity, 2)]
+    assert pool.acquire().capacity == big.capacity   # small slots get no new lease
+    del small
+    pool.acquire()
+    assert events[-1] == ("retire", 0) and [s[0] for s in pool.segments] == [1]
+
+
+def test_a_failing_on_segment_discards_the_segment():
+    def refuse(seg_id, segment, size, n):
+        raise RuntimeError("no")
+    with pytest.raises(RuntimeError, match="no"):
+        SlabPool(4096, on_segment=refuse)
+
+
+def test_closing_the_pool_keeps_held_batches_valid():
+    pool = SlabPool(4096)
+    batch = batch_in(pool, [np.arange(5)] * 3)
+    segment = pool.segments[0][1]
+    with pytest.raises(BufferError):
+        segment.close()              # a lease still uses it
+    pool.close()
+    with pytest.raises(ValueError, match="closed"):
+        pool.acquire()
+    assert (batch == np.arange(5)).all()
+    del batch, segment
+
+
+def test_pickle_transport_puts_large_buffers_in_the_slot():
+    pool = SlabPool(1 << 20)
+    lease = pool.acquire()
+    obj = {"big": np.arange(10000, dtype=np.float32).reshape(100, 100), "small": np.arange(3),
+           "fortran": np.asfortranarray(np.arange(600.0).reshape(20, 30)),
+           "text": ["a", "b"], "n": 7}
+    got = unpack(lease, pickle_into(obj, lease))
+    assert got["text"] == ["a", "b"] and got["n"] == 7
+    for key in ("big", "small", "fortran"):
+        assert got[key].dtype == obj[key].dtype and (got[key] == obj[key]).all()
+    lo = np.frombuffer(lease, np.uint8).ctypes.data
+    inside = lambda a: lo <= a.ctypes.data < lo + lease.capacity
+    assert inside(got["big"]) and inside(got["fortran"]) and got["fortran"].flags.f_contiguous
+    assert not inside(got["small"])  # under inband_limit: in the stream
+    del lease
+    assert pool.leased == 1          # the big arrays hold the slot
+    del got
+    gc.collect()
+    assert pool.leased == 0
+    with pytest.raises(SlotTooSmallError):
+        pickle_into(np.zeros(1000), pool.acquire(), 0, 1000)
+
+
+def test_layout_reaching_outside_the_slot_is_refused():
+    pool = SlabPool(1 << 16)
+    big = pool.acquire()
+    layout = collate_into([np.zeros(4096)] * 2, big)
+    small = bytearray(100)
+    with pytest.raises(ValueError, match="reaches byte"):
+        unpack(bytes(small), layout)
+
+
+# -- across processes ----------------------------------------------------
+
+def _worker_collate(segment, offset, capacity, conn):
+    samples = [(np.full((2, 3), i, np.float32), i, "n%d" % i) for i in range(4)]
+    conn.send(collate_into(samples, segment, offset, capacity))
+    conn.send(gather_into(np.arange(100).reshape(50, 2), [3, -1], segment, offset + 4096, 4096))
+    conn.close()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.timeout(60)
+def test_a_child_writes_a_batch_the_parent_views(method):
+    pool = SlabPool(8192, slots_per_segment=2)
+    lease = pool.acquire()
+    lease = pool.acquire()           # slot 1: offsets must be honoured
+    ctx = mp.get_context(method)
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_worker_collate,
+                       args=(lease.segment, lease.offset, 4096, there))
+    proc.start()
+    layout, gathered = here.recv(), here.recv()
+    proc.join(30)
+    assert proc.exitcode == 0
+    x, n, names = unpack(lease, layout)
+    assert x.shape == (4, 2, 3) and (x[:, 0, 0] == np.arange(4)).all()
+    assert n.tolist() == [0, 1, 2, 3] and names == ("n0", "n1", "n2", "n3")
+    g = unpack(memoryview(lease)[4096:], gathered)
+    assert g.tolist() == [[6, 7], [98, 99]]
+
+
+def _socket_worker(sock, conn):
+    segments = {}
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        if msg == "segments":
+            got, meta = recv_segments(sock)
+            segments.update(zip(meta, got))
+            continue
+        seg_id, offset, capacity, value = msg
+        conn.send(collate_into([np.full(100, value, np.int16)] * 3, segments[seg_id], offset, capacity))
+
+
+@pytest.mark.timeout(60)
+def test_pool_growth_reaches_a_running_worker_over_a_unix_socket():
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    ours, theirs = socket.socketpair()
+
+    def send_new_segment(seg_id, segment, size, nslots):
+        here.send("segments")
+        send_segments(ours, [segment], meta=bytes([seg_id]))
+
+    proc = ctx.Process(target=_socket_worker, args=(theirs, there))
+    proc.start()
+    pool = SlabPool(4096, slots_per_segment=1, on_segment=send_new_segment)
+    held = []
+    for value in range(4):           # every batch held: each needs a new segment
+        lease = pool.acquire()
+        here.send((lease.segment_id, lease.offset, lease.capacity, value))
+        held.append(unpack(lease, here.recv()))
+    here.send(None)
+    proc.join(30)
+    assert proc.exitcode == 0 and len(pool.segments) == 4
+    assert [int(b[0, 0]) for b in held] == [0, 1, 2, 3]
+    ours.close()
+    theirs.close()
+
+
+# -- no residue ----------------------------------------------------------
+
+def _maps_and_fds():
+    with open("/proc/self/maps") as f:
+        maps = sum(1 for line in f if "memfd:fastload" in line)
+    return maps, len(os.listdir("/proc/self/fd"))
+
+
+def test_no_dev_shm_file_and_no_leak_over_1000_pool_cycles():
+    before_shm = set(os.listdir("/dev/shm"))
+    gc.collect()
+    before = _maps_and_fds()
+    for i in range(1000):
+        pool = SlabPool(4096, slots_per_segment=2)
+        batch = batch_in(pool, [np.arange(8)] * 2)
+        if i % 2:
+            pool.close()             # closed with a batch held, or just dropped
+        del pool, batch
+    gc.collect()
+    assert _maps_and_fds() == before
+    assert set(os.listdir("/dev/shm")) == before_shm
