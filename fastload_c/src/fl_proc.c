@@ -1,0 +1,116 @@
+#define _GNU_SOURCE
+#include "fl_proc.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+/* Read by the handler, written by threads: every slot is an atomic pointer. */
+static fl_doorbell *doorbells[FL_PROC_MAX_DOORBELLS];
+static struct sigaction previous;
+static uint64_t sigchld_count;
+static int installed;
+/* Handlers running now; remove waits for it to drop to zero so that a
+ * doorbell is never rung after its owner unmapped it. */
+static int handlers_running;
+
+static void on_sigchld(int sig, siginfo_t *info, void *context)
+{
+    int saved_errno = errno;
+    __atomic_add_fetch(&handlers_running, 1, __ATOMIC_ACQ_REL);
+    __atomic_add_fetch(&sigchld_count, 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < FL_PROC_MAX_DOORBELLS; i++) {
+        fl_doorbell *db = __atomic_load_n(&doorbells[i], __ATOMIC_ACQUIRE);
+        if (db != NULL)
+            fl_doorbell_ring(db);
+    }
+    __atomic_sub_fetch(&handlers_running, 1, __ATOMIC_ACQ_REL);
+    errno = saved_errno;
+    if (previous.sa_flags & SA_SIGINFO) {
+        if (previous.sa_sigaction != NULL)
+            previous.sa_sigaction(sig, info, context);
+    } else if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) {
+        previous.sa_handler(sig);
+    }
+}
+
+/* A forked worker inherits the handler but not the parent's job of waiting:
+ * the doorbells it would ring belong to the parent's loaders. */
+static void forget_doorbells_in_child(void)
+{
+    for (int i = 0; i < FL_PROC_MAX_DOORBELLS; i++)
+        __atomic_store_n(&doorbells[i], NULL, __ATOMIC_RELEASE);
+}
+
+int fl_proc_install_sigchld(void)
+{
+    static int atfork_registered;
+    struct sigaction action;
+    if (__atomic_load_n(&installed, __ATOMIC_ACQUIRE))
+        return 0;
+    if (!atfork_registered) {
+        int rc = pthread_atfork(NULL, NULL, forget_doorbells_in_child);
+        if (rc != 0) {
+            errno = rc;
+            return -1;
+        }
+        atfork_registered = 1;
+    }
+    memset(&action, 0, sizeof action);
+    action.sa_sigaction = on_sigchld;
+    action.sa_flags = SA_SIGINFO | SA_RESTART | SA_NOCLDSTOP;
+    sigemptyset(&action.sa_mask);
+    if (sigaction(SIGCHLD, &action, &previous) != 0)
+        return -1;
+    if (!(previous.sa_flags & SA_SIGINFO) && previous.sa_handler == SIG_IGN) {
+        /* SIG_IGN asks the kernel to reap children itself; keep that promise
+         * to whoever set it rather than leave zombies behind. */
+        sigaction(SIGCHLD, &previous, NULL);
+        errno = EBUSY;
+        return -1;
+    }
+    __atomic_store_n(&installed, 1, __ATOMIC_RELEASE);
+    return 0;
+}
+
+int fl_proc_add_doorbell(fl_doorbell *db)
+{
+    for (int i = 0; i < FL_PROC_MAX_DOORBELLS; i++) {
+        fl_doorbell *expected = NULL;
+        if (__atomic_compare_exchange_n(&doorbells[i], &expected, db, 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return 0;
+    }
+    errno = ENOSPC;
+    return -1;
+}
+
+void fl_proc_remove_doorbell(fl_doorbell *db)
+{
+    for (int i = 0; i < FL_PROC_MAX_DOORBELLS; i++) {
+        fl_doorbell *expected = db;
+        __atomic_compare_exchange_n(&doorbells[i], &expected, NULL, 0,
+                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    }
+    while (__atomic_load_n(&handlers_running, __ATOMIC_ACQUIRE) != 0)
+        sched_yield();
+}
+
+uint64_t fl_proc_sigchld_count(void)
+{
+    return __atomic_load_n(&sigchld_count, __ATOMIC_ACQUIRE);
+}
+
+int fl_proc_die_with_parent(int sig, int expected_parent)
+{
+    if (prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0)
+        return -1;
+    if (getppid() != expected_parent) {
+        errno = ESRCH;
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,44 @@
+/* Worker lifecycle mechanism: a SIGCHLD handler that wakes waiters, and the
+ * parent-death signal for workers.
+ *
+ * NOTE [worker-death detection]
+ * The main process sleeps on a doorbell (fl_doorbell.h) while it waits for
+ * results. When a worker dies it writes nothing, so that sleep would last
+ * until the deadline. The SIGCHLD handler installed here rings every
+ * registered doorbell, so the waiter wakes at once, sees that no result
+ * arrived, and asks the kernel which of its own workers exited
+ * (waitid with WNOWAIT, which leaves the child for its owner to reap). The
+ * handler reaps nothing and knows no pids: it cannot take a child from its
+ * rightful owner (multiprocessing, subprocess, the user), and it does the
+ * least possible work in signal context. It chains to the handler that was
+ * installed before it, so a user's SIGCHLD handler keeps working.
+ */
+#ifndef FL_PROC_H
+#define FL_PROC_H
+
+#include <signal.h>
+#include <stdint.h>
+
+#include "fl_doorbell.h"
+
+#define FL_PROC_MAX_DOORBELLS 64
+
+/* Install the handler once per process (idempotent). 0, or -1 with errno. */
+int fl_proc_install_sigchld(void);
+
+/* Register a doorbell to ring on SIGCHLD. -1 with ENOSPC when all
+ * FL_PROC_MAX_DOORBELLS places are taken. */
+int fl_proc_add_doorbell(fl_doorbell *db);
+
+/* Stop ringing a doorbell. Its memory must stay mapped until this returns. */
+void fl_proc_remove_doorbell(fl_doorbell *db);
+
+/* Number of SIGCHLD signals seen since installation. */
+uint64_t fl_proc_sigchld_count(void);
+
+/* In a worker: be sent `sig` when the parent exits. Fails with ESRCH when
+ * the parent is already gone (getppid() != expected_parent), closing the
+ * race of a parent that died before the signal was armed. */
+int fl_proc_die_with_parent(int sig, int expected_parent);
+
+#endif
