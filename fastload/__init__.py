@@ -2,6 +2,8 @@
 import fastload_c  # noqa: F401  (fails early, with build instructions, if the core is missing)
 
 from fastload._gathered import GatheredBatch
+from fastload._sample_rng import sample_rng
+from fastload._stats import LoaderStats
 from fastload._worker_info import WorkerInfo, get_worker_info
 from fastload.collate import default_collate, default_convert
 from fastload.dataset import (
@@ -22,6 +24,7 @@ from fastload.errors import (
     InvalidArgumentError,
     RingClosedError,
     ShmError,
+    WorkerDiedError,
 )
 from fastload.loader import DataLoader, StatefulDataLoader
 from fastload.sampler import (
@@ -48,6 +51,7 @@ __all__ = [
     "GatheredBatch",
     "InvalidArgumentError",
     "IterableDataset",
+    "LoaderStats",
     "RandomSampler",
     "RingClosedError",
     "Sampler",
@@ -59,9 +63,11 @@ __all__ = [
     "SubsetRandomSampler",
     "TensorDataset",
     "WeightedRandomSampler",
+    "WorkerDiedError",
     "WorkerInfo",
     "default_collate",
     "default_convert",
     "get_worker_info",
     "random_split",
+    "sample_rng",
 ]

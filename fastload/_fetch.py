@@ -10,6 +10,7 @@ import enum
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from fastload._sample_rng import context as sample_context
 from fastload.errors import CollateError
 
 
@@ -35,7 +36,7 @@ class DatasetFetcher:
         raise NotImplementedError
 
 
-def _name_dataset_indices(error: CollateError, index: Sequence[Any]) -> CollateError:
+def name_dataset_indices(error: CollateError, index: Sequence[Any]) -> CollateError:
     """The collate error, with the dataset indices of the two samples it names."""
     positions = getattr(error, "positions", None)
     if positions is None:
@@ -61,19 +62,32 @@ class MapDatasetFetcher(DatasetFetcher):
         getitems = getattr(dataset, "__getitems__", None)
         self._getitems = getitems if getitems else None
 
+    def fetch_samples(self, index: Any) -> Any:
+        """The samples of one batch, not yet collated. The index being
+        fetched is kept in the sample context (NOTE [ Per-sample
+        randomness ]); when a sample raises, it still names that index."""
+        if self._getitems is not None:
+            return self._getitems(index)
+        dataset = self.dataset
+        data = []
+        for i in index:
+            sample_context.index = i
+            data.append(dataset[i])
+        sample_context.index = None
+        return data
+
     def fetch(self, possibly_batched_index: Any) -> Any:
         if not self.auto_collation:
-            return self.collate_fn(self.dataset[possibly_batched_index])
+            sample_context.index = possibly_batched_index
+            sample = self.dataset[possibly_batched_index]
+            sample_context.index = None
+            return self.collate_fn(sample)
         index = possibly_batched_index
-        if self._getitems is not None:
-            data = self._getitems(index)
-        else:
-            dataset = self.dataset
-            data = [dataset[i] for i in index]
+        data = self.fetch_samples(index)
         try:
             return self.collate_fn(data)
         except CollateError as error:
-            named = _name_dataset_indices(error, index)
+            named = name_dataset_indices(error, index)
             if named is error:
                 raise
             raise named.with_traceback(error.__traceback__) from None
@@ -94,21 +108,28 @@ class IterableDatasetFetcher(DatasetFetcher):
         self.dataset_iter: Iterator[Any] = iter(dataset)
         self.ended = False
 
-    def fetch(self, possibly_batched_index: Any) -> Any:
+    def fetch_samples(self, index: Any) -> list[Any]:
+        """The next ``len(index)`` samples, not yet collated; StopIteration
+        when none are left (or, with drop_last, too few for a whole batch)."""
         if self.ended:
             raise StopIteration
-        if not self.auto_collation:
-            return self.collate_fn(next(self.dataset_iter))
         data = []
-        for _ in possibly_batched_index:
+        for _ in index:
             try:
                 data.append(next(self.dataset_iter))
             except StopIteration:
                 self.ended = True
                 break
-        if not data or (self.drop_last and len(data) < len(possibly_batched_index)):
+        if not data or (self.drop_last and len(data) < len(index)):
             raise StopIteration
-        return self.collate_fn(data)
+        return data
+
+    def fetch(self, possibly_batched_index: Any) -> Any:
+        if self.ended:
+            raise StopIteration
+        if not self.auto_collation:
+            return self.collate_fn(next(self.dataset_iter))
+        return self.collate_fn(self.fetch_samples(possibly_batched_index))
 
 
 def create_fetcher(

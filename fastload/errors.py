@@ -3,6 +3,8 @@
 The compiled core defines the base of the hierarchy (``fastload_c.errors``);
 this module re-exports it and adds the errors of the Python layer.
 """
+from __future__ import annotations
+
 from fastload_c.errors import CollateError, FastloadError, RingClosedError, ShmError
 
 __all__ = [
@@ -11,6 +13,7 @@ __all__ = [
     "InvalidArgumentError",
     "RingClosedError",
     "ShmError",
+    "WorkerDiedError",
 ]
 
 
@@ -20,3 +23,20 @@ class InvalidArgumentError(FastloadError, ValueError, AssertionError):
 
     A ValueError by meaning; also an AssertionError because that is what torch
     raises in these cases, so code written against torch still catches it."""
+
+
+class WorkerDiedError(FastloadError, RuntimeError):
+    """A worker process exited while the loader needed it (killed by a
+    signal, out of memory, ``os._exit`` in a dataset, ...).
+
+    ``worker_id``, ``pid``, ``exitcode`` (negative: the signal number, as in
+    multiprocessing) and ``batch`` (the task number of the batch it held, or
+    None) say which and how. A RuntimeError, as torch raises in this case."""
+
+    def __init__(self, message: str, *, worker_id: int, pid: int, exitcode: int,
+                 batch: int | None) -> None:
+        super().__init__(message)
+        self.worker_id = worker_id
+        self.pid = pid
+        self.exitcode = exitcode
+        self.batch = batch

@@ -8,24 +8,28 @@ through a fetcher from ``_fetch``, which worker processes use unchanged.
 """
 from __future__ import annotations
 
+import copy
 import math
 import multiprocessing
 import multiprocessing.context
 import os
-import sys
-import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from fastload import _seed
-from fastload._fetch import DatasetKind, create_fetcher
+from fastload._fetch import DatasetKind
+from fastload._iterator import BaseIter, Progress, SingleProcessIter
+from fastload._multiprocess import MultiProcessingIter
 from fastload._seed import GeneratorArg
+from fastload._state import STATE_VERSION, check_compatible, describe_loader
+from fastload._stats import LoaderStats
 from fastload._torch import torch_or_none
-from fastload.collate import arrays_to_tensors, default_collate, default_convert
+from fastload._warnings import warn_at_caller
+from fastload.collate import default_collate, default_convert
 from fastload.dataset import Dataset, _is_iterable_dataset
-from fastload.errors import InvalidArgumentError
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
 __all__ = ["DataLoader", "StatefulDataLoader"]
@@ -36,18 +40,6 @@ _OUTPUTS = ("numpy", "torch")
 # Settings that decide which indices are fetched; changing them under a live
 # iterator would silently break it, so they are fixed after construction.
 _FROZEN = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def _warn_at_caller(message: str) -> None:
-    """Warn pointing at the first frame outside fastload: the user's line,
-    however deep in the loader the condition was found."""
-    frame, level = sys._getframe(0), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, UserWarning, stacklevel=level)
-
-
 class _InfiniteConstantSampler(Sampler[None]):
     """The sampler of an iterable dataset: the dataset decides what comes
     next, so the sampler only says "one more", forever."""
@@ -213,6 +205,14 @@ class DataLoader(Generic[T_co]):
         self.persistent_workers = persistent_workers
         # See __len__: the length an iterable dataset reported, to warn if it lied.
         self._IterableDataset_len_called: int | None = None
+        self._iterator: BaseIter | None = None
+        self._latest_iterator: weakref.ref[BaseIter] | None = None
+        self._latest_stats: LoaderStats | None = None
+        # Epochs started so far; the position the latest one reached; a
+        # loaded state waiting for the next iter() (NOTE [ Resume contract ]).
+        self._epoch = 0
+        self._progress: Progress | None = None
+        self._resume_state: dict[str, Any] | None = None
         self.__initialized = True
         self.check_worker_number_rationality()
 
@@ -261,16 +261,97 @@ class DataLoader(Generic[T_co]):
     def _index_sampler(self) -> Any:
         return self.batch_sampler if self._auto_collation else self.sampler
 
-    def _get_iterator(self) -> _BaseDataLoaderIter:
+    def _get_iterator(self, resume: dict[str, Any] | None = None) -> BaseIter:
+        iterator: BaseIter
         if self.num_workers == 0:
-            return _SingleProcessIter(self)
-        raise NotImplementedError(
-            f"fastload does not support num_workers > 0 yet (got num_workers="
-            f"{self.num_workers}); use num_workers=0 to load in this process."
-        )
+            iterator = SingleProcessIter(self, resume)
+        else:
+            iterator = MultiProcessingIter(self, resume)
+        self._latest_iterator = weakref.ref(iterator)
+        self._latest_stats = iterator._stats
+        return iterator
 
-    def __iter__(self) -> _BaseDataLoaderIter:
-        return self._get_iterator()
+    def stats(self) -> LoaderStats | None:
+        """Statistics of this loader's latest iterator (None before the first
+        ``iter()``): batches/s, time the loop waited for data versus time in
+        its own step, per-worker fetch and collate time, ring and slot
+        occupancy, and a one-line ``verdict`` on whether data loading is the
+        bottleneck. They outlive the iterator (occupancy as last seen)."""
+        iterator = self._latest_iterator() if self._latest_iterator is not None else None
+        return iterator.stats() if iterator is not None else self._latest_stats
+
+    def __iter__(self) -> BaseIter:
+        resume, self._resume_state = self._resume_state, None
+        if resume is not None:
+            _seed.set_generator_state(self._rng, resume["generator"])
+            self._epoch = resume["epoch"] + 1 if resume["finished"] else resume["epoch"]
+            if resume["finished"]:
+                if resume["sampler"] is not None:
+                    # The sampler's own generator as it was; the epoch it
+                    # describes has run out, so draining it costs nothing.
+                    self._index_sampler.load_state_dict(resume["sampler"])
+                    for _ in self._index_sampler:
+                        pass
+                resume = None
+            if self._iterator is not None:
+                # Persistent workers hold the old position; start afresh.
+                self._iterator._shutdown()
+                self._iterator = None
+        iterator: BaseIter
+        # Persistent workers live in the first iterator, which every later
+        # epoch resets instead of starting new processes.
+        if self.persistent_workers and self.num_workers > 0:
+            if self._iterator is None:
+                self._iterator = iterator = self._get_iterator(resume)
+            else:
+                self._iterator._reset(self)
+                iterator = self._iterator
+        else:
+            iterator = self._get_iterator(resume)
+        self._epoch += 1
+        return iterator
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position after the last batch it delivered, as a plain
+        dict: ``load_state_dict`` of it on a loader built the same way makes
+        come (NOTE [ Resume contract ] in fastload._state). The sampler and
+        dataset states inside are the snapshots themselves, not copies: treat
+        the dict as read-only (or copy it) if the loader runs on."""
+        if self._resume_state is not None:
+            return copy.deepcopy(self._resume_state)
+        progress = self._progress
+        if progress is None:
+            progress = Progress(self._epoch - 1, 0)
+            progress.finished = True
+        elif self.num_workers > 0 and not self.in_order:
+            raise ValueError(
+                "state_dict() needs in_order=True with worker processes: with "
+                "in_order=False the batches delivered are not a prefix of the epoch")
+        return {
+            "version": STATE_VERSION,
+            "settings": describe_loader(self),
+            "epoch": progress.epoch,
+            "base_seed": progress.base_seed,
+            "yielded": progress.yielded,
+            "finished": progress.finished,
+            "sampler": progress.sampler,
+            "sampler_step": progress.sampler_step,
+            "generator": _seed.generator_state(self._rng),
+            "dataset": progress.dataset,
+            "dataset_step": progress.dataset_step,
+            "dataset_ended": progress.dataset_ended,
+            "workers": (None if progress.workers is None
+                        else [w.as_dict() for w in progress.workers]),
+            "next_worker": progress.next_worker,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a ``state_dict()`` at the next ``iter()``. Raises
+        ValueError, naming what differs, for a state of a loader with another
+        dataset length, batch size, drop_last, or (iterable datasets) number
+        of workers."""
+        check_compatible(state, self)
+        self._resume_state = copy.deepcopy(state)
 
     def __len__(self) -> int:
         if self._dataset_kind is DatasetKind.ITERABLE:
@@ -301,7 +382,7 @@ class DataLoader(Generic[T_co]):
                 else "DataLoader is not able to compute a suggested max number of worker "
                 "in current system."
             )
-            _warn_at_caller(
+            warn_at_caller(
                 f"This DataLoader will create {self.num_workers} worker processes in "
                 f"total. {suggestion} Please be aware that excessive worker creation "
                 "might get DataLoader running slow or even freeze, lower the worker "
@@ -312,121 +393,3 @@ class DataLoader(Generic[T_co]):
 StatefulDataLoader = DataLoader
 
 
-def _pin_target(loader: DataLoader[Any]) -> Any:
-    """torch when batches can and should be pinned, else None (with torch's
-    warnings when pinning was asked for but cannot happen)."""
-    if not loader.pin_memory:
-        return None
-    if loader.pin_memory_device:
-        _warn_at_caller(
-            "pin_memory_device is deprecated, the current accelerator will be used "
-            f"as the device, ignore pin_memory_device='{loader.pin_memory_device}'."
-        )
-    torch = torch_or_none()
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is None or not accelerator.is_available():
-        _warn_at_caller(
-            "'pin_memory' argument is set as true but no accelerator is found, "
-            "then device pinned memory won't be used."
-        )
-        return None
-    return torch
-
-
-def _pin(torch: Any, data: Any) -> Any:
-    """Copy each numeric array of ``data`` into page-locked memory, keeping
-    numpy arrays numpy (a view of the pinned tensor) and tensors tensors."""
-    if isinstance(data, np.ndarray):
-        if data.dtype.kind not in "biufc":
-            return data
-        return torch.from_numpy(data).pin_memory().numpy()
-    if isinstance(data, torch.Tensor):
-        return data.pin_memory()
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(_pin(torch, d) for d in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(_pin(torch, d) for d in data)
-    if isinstance(data, dict):
-        return type(data)({k: _pin(torch, v) for k, v in data.items()})
-    return data
-
-
-class _BaseDataLoaderIter:
-    """What every DataLoader iterator shares; subclasses define ``_next_data``."""
-
-    def __init__(self, loader: DataLoader[Any]) -> None:
-        self._dataset = loader.dataset
-        self._dataset_kind = loader._dataset_kind
-        self._IterableDataset_len_called = loader._IterableDataset_len_called
-        self._auto_collation = loader._auto_collation
-        self._drop_last = loader.drop_last
-        self._index_sampler = loader._index_sampler
-        self._num_workers = loader.num_workers
-        self._timeout = loader.timeout
-        self._collate_fn = loader.collate_fn
-        self._persistent_workers = loader.persistent_workers
-        self._pin_torch = _pin_target(loader)
-        self._to_torch = loader.output == "torch"
-        # Same order as torch: the (lazy) sampler iterator first, then the
-        # seed draw, so a shared torch.Generator advances exactly as in torch.
-        self._sampler_iter = iter(self._index_sampler)
-        self._base_seed = _seed.draw_seed(loader._rng)
-        self._num_yielded = 0
-
-    def __iter__(self) -> _BaseDataLoaderIter:
-        return self
-
-    def _next_data(self) -> Any:
-        raise NotImplementedError
-
-    def _finish(self, data: Any) -> Any:
-        """Pinning and output conversion, applied to every batch."""
-        if self._pin_torch is not None:
-            data = _pin(self._pin_torch, data)
-        if self._to_torch:
-            data = arrays_to_tensors(data)
-        return data
-
-    def __next__(self) -> Any:
-        data = self._next_data()
-        self._num_yielded += 1
-        if (
-            self._dataset_kind is DatasetKind.ITERABLE
-            and self._IterableDataset_len_called is not None
-            and self._num_yielded > self._IterableDataset_len_called
-        ):
-            _warn_at_caller(
-                f"Length of IterableDataset {self._dataset} was reported to be "
-                f"{self._IterableDataset_len_called} (when accessing len(dataloader)), "
-                f"but {self._num_yielded} samples have been fetched. "
-            )
-        return data
-
-    def __len__(self) -> int:
-        return len(self._index_sampler)
-
-    def __getstate__(self) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
-
-
-class _SingleProcessIter(_BaseDataLoaderIter):
-    """Fetches and collates each batch in the calling thread."""
-
-    def __init__(self, loader: DataLoader[Any]) -> None:
-        super().__init__(loader)
-        if self._timeout != 0:
-            raise InvalidArgumentError(
-                f"timeout={self._timeout} needs worker processes (num_workers > 0); "
-                "loading in the main process cannot time out"
-            )
-        self._fetcher = create_fetcher(
-            self._dataset_kind,
-            self._dataset,
-            self._auto_collation,
-            self._collate_fn,
-            self._drop_last,
-        )
-
-    def _next_data(self) -> Any:
-        index = next(self._sampler_iter)
-        return self._finish(self._fetcher.fetch(index))

@@ -131,7 +131,9 @@ class _EpochSampler(Sampler[int]):
             self._done, self._chunk_len, self._current = done, len(items), current
             yield current
             done += len(items)
-        self._token = None
+        # The token stays: a state taken now describes this epoch, run out,
+        # so resuming from it yields nothing until the next iter().
+        self._done, self._chunk_len, self._current = done, 0, iter(())
 
     def __iter__(self) -> Iterator[int]:
         for current in self._item_iterators():
@@ -334,6 +336,16 @@ class BatchSampler(Sampler[list[int]]):
             while batch:
                 yield batch
                 batch = list(itertools.islice(indices, self.batch_size))
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The inner sampler's state (the position of the last batch cut is
+        the position of its last index), or None when it keeps none; a
+        DataLoader then resumes by counting batches."""
+        inner = getattr(self.sampler, "state_dict", None)
+        return None if inner is None else {"sampler": inner()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state["sampler"])  # type: ignore[union-attr]
 
     def __len__(self) -> int:
         size = len(self.sampler)  # type: ignore[arg-type]

@@ -192,15 +192,13 @@ def test_snapshot_every_n_steps_is_validated(xy, steps):
         DataLoader(ArrayDataset(*xy), snapshot_every_n_steps=steps)
 
 
-def test_worker_arguments_are_stored_then_workers_not_implemented(xy):
+def test_worker_arguments_are_stored(xy):
     loader = DataLoader(ArrayDataset(*xy), num_workers=2, prefetch_factor=4,
                         persistent_workers=True, multiprocessing_context="spawn",
                         worker_init_fn=print, timeout=3, in_order=False)
     assert loader.prefetch_factor == 4 and loader.persistent_workers
     assert isinstance(loader.multiprocessing_context, multiprocessing.context.BaseContext)
     assert DataLoader(ArrayDataset(*xy), num_workers=1).prefetch_factor == 2
-    with pytest.raises(NotImplementedError, match="num_workers"):
-        iter(loader)
 
 
 def test_multiprocessing_context_accepts_a_context_object(xy):
@@ -272,7 +270,7 @@ def test_default_samplers(xy):
 
 
 def test_pin_memory_without_accelerator_warns(xy, monkeypatch):
-    monkeypatch.setattr("fastload.loader.torch_or_none", lambda: None)
+    monkeypatch.setattr("fastload._iterator.torch_or_none", lambda: None)
     with pytest.warns(UserWarning, match="no accelerator"):
         batches = list(DataLoader(ArrayDataset(*xy), batch_size=5, pin_memory=True))
     assert len(batches) == 2
@@ -333,7 +331,7 @@ def test_output_torch_without_torch_says_so(xy, monkeypatch):
 
 
 def test_pin_memory_device_is_deprecated(xy, monkeypatch):
-    monkeypatch.setattr("fastload.loader.torch_or_none", lambda: None)
+    monkeypatch.setattr("fastload._iterator.torch_or_none", lambda: None)
     with pytest.warns(UserWarning) as record:
         iter(DataLoader(ArrayDataset(*xy), pin_memory=True, pin_memory_device="cuda"))
     assert any("pin_memory_device is deprecated" in str(w.message) for w in record)
@@ -358,7 +356,7 @@ def test_pinning_copies_every_numeric_array_and_keeps_structure(xy, monkeypatch)
         from_numpy=FakeTensor, Tensor=FakeTensor,
         accelerator=types.SimpleNamespace(is_available=lambda: True),
     )
-    monkeypatch.setattr("fastload.loader.torch_or_none", lambda: fake_torch)
+    monkeypatch.setattr("fastload._iterator.torch_or_none", lambda: fake_torch)
     Pair = collections.namedtuple("Pair", "x y")
 
     def collate(samples):

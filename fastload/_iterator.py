@@ -1,0 +1,281 @@
+"""DataLoader iterators: what they share, and loading in the calling thread.
+
+``BaseIter`` holds what every iterator needs: the index sampler and its
+position, the seed, output conversion, statistics and the ``Progress`` that
+``DataLoader.state_dict()`` reads (NOTE [ Resume contract ] in
+fastload._state). ``SingleProcessIter`` fetches through a fetcher from
+``_fetch``, which worker processes use unchanged; the worker iterator is in
+``_multiprocess``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from fastload import _seed
+from fastload._fetch import DatasetKind, create_fetcher
+from fastload._sample_rng import context as sample_context
+from fastload._state import dataset_state, sampler_state
+from fastload._stats import LoaderStats
+from fastload._torch import torch_or_none
+from fastload._warnings import warn_at_caller
+from fastload.collate import arrays_to_tensors
+from fastload.errors import InvalidArgumentError
+
+
+class WorkerProgress:
+    """An iterable dataset's position in one worker (see Progress)."""
+
+    __slots__ = ("yielded", "state", "state_step", "ended")
+
+    def __init__(self, yielded: int = 0, state: Any = None, state_step: int = 0,
+                 ended: bool = False) -> None:
+        self.yielded = yielded
+        self.state = state
+        self.state_step = state_step
+        self.ended = ended
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"yielded": self.yielded, "state": self.state,
+                "state_step": self.state_step, "ended": self.ended}
+
+
+class Progress:
+    """Where an epoch stands after the last batch the user received.
+
+    ``sampler`` is the index sampler's state recorded when the indices of
+    batch ``sampler_step`` were drawn; ``dataset`` likewise for an iterable
+    dataset loaded in this process; ``workers`` for one loaded by workers.
+    """
+
+    def __init__(self, epoch: int, base_seed: int) -> None:
+        self.epoch = epoch
+        self.base_seed = base_seed
+        self.yielded = 0
+        self.finished = False
+        self.sampler: Any = None
+        self.sampler_step = 0
+        self.dataset: Any = None
+        self.dataset_step = 0
+        self.dataset_ended = False
+        self.workers: list[WorkerProgress] | None = None
+        self.next_worker = 0
+
+
+def pin_target(loader: Any) -> Any:
+    """torch when batches can and should be pinned, else None (with torch's
+    warnings when pinning was asked for but cannot happen)."""
+    if not loader.pin_memory:
+        return None
+    if loader.pin_memory_device:
+        warn_at_caller(
+            "pin_memory_device is deprecated, the current accelerator will be used "
+            f"as the device, ignore pin_memory_device='{loader.pin_memory_device}'."
+        )
+    torch = torch_or_none()
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None or not accelerator.is_available():
+        warn_at_caller(
+            "'pin_memory' argument is set as true but no accelerator is found, "
+            "then device pinned memory won't be used."
+        )
+        return None
+    return torch
+
+
+def pin_batch(torch: Any, data: Any) -> Any:
+    """Copy each numeric array of ``data`` into page-locked memory, keeping
+    numpy arrays numpy (a view of the pinned tensor) and tensors tensors; a
+    batch type with its own ``pin_memory()`` method pins itself."""
+    if isinstance(data, np.ndarray):
+        if data.dtype.kind not in "biufc":
+            return data
+        return torch.from_numpy(data).pin_memory().numpy()
+    if isinstance(data, torch.Tensor):
+        return data.pin_memory()
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(pin_batch(torch, d) for d in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(pin_batch(torch, d) for d in data)
+    if isinstance(data, dict):
+        return type(data)({k: pin_batch(torch, v) for k, v in data.items()})
+    if hasattr(data, "pin_memory"):
+        return data.pin_memory()
+    return data
+
+
+class BaseIter:
+    """What every DataLoader iterator shares; subclasses define ``_next_data``."""
+
+    def __init__(self, loader: Any, resume: dict[str, Any] | None) -> None:
+        self._dataset = loader.dataset
+        self._dataset_kind = loader._dataset_kind
+        self._IterableDataset_len_called = loader._IterableDataset_len_called
+        self._auto_collation = loader._auto_collation
+        self._drop_last = loader.drop_last
+        self._index_sampler = loader._index_sampler
+        self._num_workers = loader.num_workers
+        self._timeout = loader.timeout
+        self._collate_fn = loader.collate_fn
+        self._persistent_workers = loader.persistent_workers
+        self._snapshot_every = loader.snapshot_every_n_steps
+        self._to_torch = loader.output == "torch"
+        self._map_style = self._dataset_kind is DatasetKind.MAP
+        self._dataset_stateful = (not self._map_style
+                                  and callable(getattr(self._dataset, "state_dict", None)))
+        self._stats = LoaderStats()
+        self._returned_at: float | None = None
+        if resume is None:
+            # Same order as torch: the (lazy) sampler iterator first, then the
+            # seed draw, so a shared torch.Generator advances exactly as in torch.
+            self._sampler_iter = iter(self._index_sampler)
+            self._progress = Progress(loader._epoch, _seed.draw_seed(loader._rng))
+            self._progress.sampler = sampler_state(self._index_sampler)
+        else:
+            self._progress = self._resume(resume)
+        self._base_seed = self._progress.base_seed
+        self._num_yielded = self._progress.yielded
+        loader._progress = self._progress
+
+    def _resume(self, state: dict[str, Any]) -> Progress:
+        """Continue the epoch ``state`` describes (the loader's generator was
+        restored already): the sampler from its snapshot, then the batches
+        delivered after it skipped by counting, without fetching them."""
+        progress = Progress(state["epoch"], state["base_seed"])
+        progress.yielded = state["yielded"]
+        progress.sampler, progress.sampler_step = state["sampler"], state["sampler_step"]
+        skip = progress.yielded
+        if progress.sampler is not None:
+            self._index_sampler.load_state_dict(progress.sampler)
+            skip -= progress.sampler_step
+        self._sampler_iter = iter(self._index_sampler)
+        if self._map_style:
+            for _ in range(skip):
+                next(self._sampler_iter, None)
+        return progress
+
+    def __iter__(self) -> BaseIter:
+        return self
+
+    def _reset(self, loader: Any) -> None:
+        """Start a new epoch on this iterator (persistent workers)."""
+        self._sampler_iter = iter(self._index_sampler)
+        self._progress = Progress(loader._epoch, self._base_seed)
+        self._progress.sampler = sampler_state(self._index_sampler)
+        loader._progress = self._progress
+        self._num_yielded = 0
+        self._returned_at = None
+        self._IterableDataset_len_called = loader._IterableDataset_len_called
+
+    def _shutdown(self) -> None:
+        """Release what the iterator holds (worker processes, if any)."""
+
+    def _snapshot_due(self) -> bool:
+        """Whether the batch about to be delivered records a snapshot."""
+        return (self._progress.yielded + 1) % self._snapshot_every == 0
+
+    def _next_data(self) -> Any:
+        raise NotImplementedError
+
+    def _end_epoch(self) -> None:
+        """The sampler ran out: the state now says "epoch finished"."""
+        self._progress.finished = True
+        self._progress.sampler = sampler_state(self._index_sampler)
+
+    def _convert(self, data: Any) -> Any:
+        return arrays_to_tensors(data) if self._to_torch else data
+
+    def stats(self) -> LoaderStats:
+        """What this iterator measured: see fastload._stats."""
+        return self._stats
+
+    def __next__(self) -> Any:
+        asked_at = time.perf_counter()
+        stats = self._stats
+        if self._returned_at is not None:
+            stats.step_seconds += asked_at - self._returned_at
+        try:
+            data = self._next_data()
+        except StopIteration:
+            self._end_epoch()
+            raise
+        self._returned_at = time.perf_counter()
+        stats.wait_seconds += self._returned_at - asked_at
+        stats.batches += 1
+        self._num_yielded += 1
+        if (
+            not self._map_style
+            and self._IterableDataset_len_called is not None
+            and self._num_yielded > self._IterableDataset_len_called
+        ):
+            warn_at_caller(
+                f"Length of IterableDataset {self._dataset} was reported to be "
+                f"{self._IterableDataset_len_called} (when accessing len(dataloader)), "
+                f"but {self._num_yielded} samples have been fetched. "
+            )
+        return data
+
+    def __len__(self) -> int:
+        return len(self._index_sampler)
+
+    def __getstate__(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
+
+
+class SingleProcessIter(BaseIter):
+    """Fetches and collates each batch in the calling thread."""
+
+    def __init__(self, loader: Any, resume: dict[str, Any] | None) -> None:
+        super().__init__(loader, resume)
+        if self._timeout != 0:
+            raise InvalidArgumentError(
+                f"timeout={self._timeout} needs worker processes (num_workers > 0); "
+                "loading in the main process cannot time out"
+            )
+        self._pin_torch = pin_target(loader)
+        if resume is not None and not self._map_style:
+            self._progress.dataset = resume["dataset"]
+            self._progress.dataset_step = resume["dataset_step"]
+            if resume["dataset"] is not None:
+                self._dataset.load_state_dict(resume["dataset"])
+        self._fetcher = create_fetcher(
+            self._dataset_kind,
+            self._dataset,
+            self._auto_collation,
+            self._collate_fn,
+            self._drop_last,
+        )
+        if resume is not None and not self._map_style:
+            # An iterable dataset is rewound only by its own state; what it
+            # yielded after that state is read again and dropped.
+            self._progress.dataset_ended = resume["dataset_ended"]
+            if resume["dataset_ended"]:
+                self._fetcher.ended = True  # type: ignore[attr-defined]
+            else:
+                for _ in range(self._progress.yielded - self._progress.dataset_step):
+                    try:
+                        self._fetcher.fetch(next(self._sampler_iter))
+                    except StopIteration:
+                        break
+
+    def _next_data(self) -> Any:
+        progress = self._progress
+        index = next(self._sampler_iter)
+        snapshot = self._snapshot_due()
+        if snapshot and self._map_style:
+            progress.sampler = sampler_state(self._index_sampler)
+            progress.sampler_step = progress.yielded + 1
+        sample_context.base_seed = progress.base_seed
+        sample_context.epoch = progress.epoch
+        data = self._fetcher.fetch(index)
+        if snapshot and self._dataset_stateful:
+            progress.dataset = dataset_state(self._dataset)
+            progress.dataset_step = progress.yielded + 1
+        if not self._map_style:
+            progress.dataset_ended = self._fetcher.ended  # type: ignore[attr-defined]
+        progress.yielded += 1
+        if self._pin_torch is not None:
+            data = pin_batch(self._pin_torch, data)
+        return self._convert(data)

@@ -1,0 +1,325 @@
+"""The iterator of a DataLoader with worker processes.
+
+The main process owns the order: it draws indices from the batch sampler,
+takes a slot from the pool for each batch, sends the task to the next worker
+(round robin, at most ``prefetch_factor`` tasks in flight per worker), and
+yields results in task order (or as they come with ``in_order=False``).
+Batches are numpy views of their slot; the slot returns to the pool when the
+user drops the last view (NOTE [ Slot ownership and lifetime ] in
+fastload_c.slab).
+
+While it waits the main thread sleeps on one doorbell that every result ring
+and the SIGCHLD handler ring (NOTE [ worker-death detection ] in
+fastload_c/src/fl_proc.h): a result wakes it, and so does a worker's death.
+"""
+from __future__ import annotations
+
+import itertools
+import pickle
+import time
+from typing import Any
+
+from fastload._fetch import name_dataset_indices
+from fastload._iterator import BaseIter, WorkerProgress
+from fastload._state import sampler_state
+from fastload._stats import LoaderStats, WorkerStats
+from fastload._worker import (
+    DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT, TASK, WorkerError,
+)
+from fastload._workers import WorkerGroup, WorkerGroupDied, describe_exit
+from fastload.errors import CollateError, ShmError, WorkerDiedError
+from fastload_c import pack
+
+# Without SIGCHLD (forkserver workers are not our children) the waiting main
+# thread looks at its workers this often, well inside the 100 ms the user
+# is promised to hear of a death.
+DEATH_POLL_SECONDS = 0.05
+
+
+class _Task:
+    __slots__ = ("worker_id", "index", "lease", "sampler_state", "dataset_state",
+                 "has_dataset_state", "dataset_ended")
+
+    def __init__(self, worker_id: int, index: Any, lease: Any, sampler_state: Any) -> None:
+        self.worker_id = worker_id
+        self.index = index
+        self.lease = lease
+        # When this batch is a snapshot step (NOTE [ Resume contract ]): the
+        # index sampler's state right after its indices were drawn, and the
+        # iterable dataset's state in its worker right after it was fetched.
+        self.sampler_state = sampler_state
+        self.dataset_state: Any = None
+        self.has_dataset_state = False
+        self.dataset_ended = False
+
+
+def _copy_out(batch: Any) -> Any:
+    """The batch in private memory, for a pool at its cap (see _deliver)."""
+    return pickle.loads(pickle.dumps(batch, protocol=5))
+
+
+class MultiProcessingIter(BaseIter):
+    """Loads in worker processes."""
+
+    def __init__(self, loader: Any, resume: dict[str, Any] | None) -> None:
+        super().__init__(loader, resume)
+        self._prefetch = loader.prefetch_factor * loader.num_workers
+        self._in_order = loader.in_order
+        self._task_ids = itertools.count()
+        # Tasks of an abandoned epoch still running in persistent workers:
+        # their slots stay leased until the worker answers (a worker may
+        # still be writing into them).
+        self._stale: dict[int, _Task] = {}
+        self._copy_out = False
+        self._pin_custom = loader.pin_memory
+        self._stats.workers = [WorkerStats() for _ in range(loader.num_workers)]
+        progress = self._progress
+        if resume is not None and resume["workers"] is not None:
+            progress.workers = [WorkerProgress(**w) for w in resume["workers"]]
+            progress.next_worker = resume["next_worker"]
+        elif not self._map_style:
+            progress.workers = [WorkerProgress() for _ in range(loader.num_workers)]
+        self._workers = WorkerGroup(loader, self._base_seed, progress.epoch, progress.workers)
+        self._begin_epoch()
+
+    def stats(self) -> LoaderStats:
+        stats = self._stats
+        pool = self._workers.pool
+        stats.slots_leased = pool.leased
+        stats.slots_free = pool.free_slots
+        stats.pool_bytes = pool.nbytes
+        stats.ring_messages = sum(len(ring) for ring in self._workers.result_rings)
+        return stats
+
+    def _shutdown(self) -> None:
+        self._workers.shutdown()
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The pids of this iterator's worker processes, in worker-id order."""
+        return self._workers.pids
+
+    def _begin_epoch(self) -> None:
+        progress = self._progress
+        workers = self._workers.num_workers
+        self._tasks: dict[int, _Task] = {}
+        self._ready: dict[int, tuple[_Task, Any]] = {}
+        self._order: list[int] = []  # task ids in dispatch order, not yet yielded
+        # The round robin starts after the worker of the last delivered batch,
+        # so a resumed iterable dataset interleaves as it would have.
+        order = [(progress.next_worker + i) % workers for i in range(workers)]
+        self._next_worker = itertools.cycle(order)
+        self._active = [not (progress.workers and progress.workers[w].ended)
+                        for w in range(workers)]
+        self._dispatched = progress.yielded
+        self._sampler_done = False
+        for _ in range(self._prefetch):
+            self._dispatch()
+
+    def _reset(self, loader: Any) -> None:
+        """Persistent workers: a new epoch over the same processes."""
+        super()._reset(loader)
+        if not self._map_style:
+            self._progress.workers = [WorkerProgress() for _ in range(self._workers.num_workers)]
+        self._stale.update(self._tasks)
+        self._workers.reset(self._progress.epoch)
+        self._begin_epoch()
+
+    def _dispatch(self) -> None:
+        """Send the next batch's task to the next active worker, if any."""
+        if self._sampler_done or not any(self._active):
+            return
+        try:
+            index = next(self._sampler_iter)
+        except StopIteration:
+            self._sampler_done = True
+            return
+        self._dispatched += 1
+        snapshot = None
+        if self._map_style and self._dispatched % self._snapshot_every == 0:
+            snapshot = sampler_state(self._index_sampler)
+        worker_id = next(self._next_worker)
+        while not self._active[worker_id]:
+            worker_id = next(self._next_worker)
+        lease = self._workers.pool.acquire()
+        if lease is None:
+            lease = self._acquire_at_cap()
+        task_id = next(self._task_ids)
+        self._tasks[task_id] = _Task(worker_id, index, lease, snapshot)
+        self._order.append(task_id)
+        slot = (lease.segment_id, lease.offset, lease.capacity)
+        self._workers.send(worker_id, (TASK, task_id, index, slot))
+
+    def _acquire_at_cap(self) -> Any:
+        """A slot when the pool may not grow: from now on batches are copied
+        out of their slots (see _deliver); wait for one to come back."""
+        self._copy_out = True
+        while True:
+            if not self._tasks:
+                pool = self._workers.pool
+                raise ShmError(
+                    f"every slot of the loader's shared memory ({pool.nbytes} bytes, "
+                    "its cap) is held by batches this program still references; "
+                    "drop or copy (np.copy) batches you keep")
+            self._pump(None)
+            lease = self._workers.pool.acquire()
+            if lease is not None:
+                return lease
+
+    def _next_data(self) -> Any:
+        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        while True:
+            task_id = self._next_ready()
+            if task_id is not None:
+                task, batch = self._ready.pop(task_id)
+                self._delivered(task)
+                self._dispatch()
+                if self._pin_custom and hasattr(batch, "pin_memory"):
+                    batch = batch.pin_memory()  # the slots themselves are pinned
+                return self._convert(batch)
+            if not self._order:
+                if not self._persistent_workers:
+                    self._workers.shutdown()
+                raise StopIteration
+            self._pump(deadline)
+
+    def _next_ready(self) -> int | None:
+        """The next task whose batch can be yielded, in order (or as ready
+        with in_order=False); tasks an exhausted iterable ended are passed."""
+        while True:
+            if self._in_order:
+                ready = bool(self._order) and self._order[0] in self._ready
+                position = 0
+            else:
+                position = next((i for i, t in enumerate(self._order) if t in self._ready), -1)
+                ready = position >= 0
+            if not ready:
+                return None
+            task_id = self._order.pop(position)
+            task, batch = self._ready[task_id]
+            if batch is not _ENDED:
+                return task_id
+            del self._ready[task_id]
+            if self._progress.workers is not None:
+                self._progress.workers[task.worker_id].ended = True
+
+    def _delivered(self, task: _Task) -> None:
+        """Move the progress past the batch being yielded."""
+        progress = self._progress
+        progress.yielded += 1
+        if task.sampler_state is not None:
+            progress.sampler, progress.sampler_step = task.sampler_state, progress.yielded
+        if progress.workers is not None:
+            worker = progress.workers[task.worker_id]
+            worker.yielded += 1
+            if task.has_dataset_state:
+                worker.state, worker.state_step = task.dataset_state, worker.yielded
+            # A short last batch ran the worker's iterator out: a resume must
+            # not start that iterator again.
+            worker.ended = worker.ended or task.dataset_ended
+            progress.next_worker = (task.worker_id + 1) % len(progress.workers)
+
+    def _pump(self, deadline: float | None) -> None:
+        """Handle the messages waiting on the result rings, first sleeping
+        until there is one. A worker's death or the ``deadline``
+        (time.monotonic) raise."""
+        workers = self._workers
+        while True:
+            seen = workers.doorbell.seq
+            handled = False
+            for ring in workers.result_rings:
+                while True:
+                    data = ring.try_get()
+                    if data is None:
+                        break
+                    self._handle(pickle.loads(data))
+                    handled = True
+            if handled:
+                return
+            self._check_workers()
+            if deadline is None:
+                timeout = None if workers.sigchld else DEATH_POLL_SECONDS
+            else:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+                timeout = remaining if workers.sigchld else min(remaining, DEATH_POLL_SECONDS)
+            workers.doorbell.wait(seen, timeout)
+
+    def _check_workers(self) -> None:
+        try:
+            self._workers.raise_if_dead()
+        except WorkerGroupDied as died:
+            self._raise_worker_died(died.worker_id, died.process)
+
+    def _raise_worker_died(self, worker_id: int, process: Any) -> None:
+        held = sorted(t for t, task in self._tasks.items() if task.worker_id == worker_id)
+        what = (f"while loading batch {held[0]} (indices {self._tasks[held[0]].index})"
+                if held else "while idle")
+        pid, exitcode = process.pid, process.exitcode
+        self._workers.shutdown()
+        raise WorkerDiedError(
+            f"DataLoader worker {worker_id} (pid {pid}) {describe_exit(exitcode)} {what}",
+            worker_id=worker_id, pid=pid, exitcode=exitcode, batch=held[0] if held else None)
+
+    def _handle(self, message: tuple[Any, ...]) -> None:
+        kind, task_id = message[0], message[1]
+        task = self._tasks.get(task_id)
+        if kind == FAILED and task_id == INIT_TASK:
+            self._reraise(message[2], None)
+        if task is None:
+            self._handle_stale(kind, task_id, message)
+            return
+        if kind == DONE:
+            del self._tasks[task_id]
+            self._ready[task_id] = (task, self._deliver(task, message[2]))
+            self._stats.workers[task.worker_id].add(message[3], message[4])
+            task.has_dataset_state, task.dataset_state = message[5], message[6]
+            task.dataset_ended = message[7]
+        elif kind == NEED:
+            self._reslot(task_id, task, message[2])
+        elif kind == ENDED:
+            del self._tasks[task_id]
+            self._active[task.worker_id] = False
+            self._ready[task_id] = (task, _ENDED)
+            self._dispatch()
+        elif kind == FAILED:
+            del self._tasks[task_id]
+            self._reraise(message[2], task)
+
+    def _reraise(self, error: WorkerError, task: _Task | None) -> None:
+        """A worker's exception, raised here with its type and traceback text;
+        the workers are shut down first (the epoch cannot go on)."""
+        pid = self._workers.pids[error.worker_id]
+        self._workers.shutdown()
+        try:
+            error.reraise(pid)
+        except CollateError as collate_error:
+            if task is None:
+                raise
+            raise name_dataset_indices(collate_error, task.index) from None
+
+    def _reslot(self, task_id: int, task: _Task, nbytes: int) -> None:
+        task.lease = self._workers.pool.acquire(nbytes) or self._acquire_at_cap()
+        slot = (task.lease.segment_id, task.lease.offset, task.lease.capacity)
+        self._workers.send(task.worker_id, (RESLOT, task_id, slot))
+
+    def _handle_stale(self, kind: int, task_id: int, message: tuple[Any, ...]) -> None:
+        task = self._stale.get(task_id)
+        if task is None:
+            return
+        if kind == NEED:
+            self._reslot(task_id, task, message[2])  # the worker waits for it
+        else:
+            del self._stale[task_id]
+
+    def _deliver(self, task: _Task, layout: bytes) -> Any:
+        batch = pack.unpack(task.lease, layout)
+        if self._copy_out:
+            # Past the cap, a batch the user keeps must not hold a slot the
+            # pool needs: the user gets a private copy, the slot comes back.
+            batch = _copy_out(batch)
+        return batch
+
+
+_ENDED = object()

@@ -1,0 +1,55 @@
+"""Per-sample random generators: augmentations that do not depend on which
+process loads a sample, or when.
+
+NOTE [ Per-sample randomness ]
+
+torch seeds each worker's global generators differently, so a random crop
+depends on which worker happened to load the sample: change num_workers, or
+resume from a checkpoint, and the augmentations change. ``sample_rng()``
+instead returns a generator keyed on (base seed, epoch, dataset index). The
+base seed is drawn in the main process from the loader's ``generator`` the
+same way whatever the number of workers, the epoch is the loader's count of
+``iter()`` calls, and the index is the sample being fetched, so with a fixed
+``generator`` every sample gets the same random stream for num_workers = 0,
+1, 2, ... and after a resume.
+
+The fetcher records which index it is fetching just before calling
+``dataset[i]``; inside ``__getitems__`` (a whole batch at once) there is no
+single current index, so pass it: ``sample_rng(i)``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class SampleContext:
+    """Where the current process is: set by the loader and its fetchers."""
+
+    __slots__ = ("base_seed", "epoch", "index")
+
+    def __init__(self) -> None:
+        self.base_seed: int | None = None
+        self.epoch = 0
+        self.index: Any = None
+
+
+context = SampleContext()
+
+
+def sample_rng(index: Any = None) -> np.random.Generator:
+    """A numpy Generator for the sample being loaded (or for ``index``),
+    the same for that sample in every run with the same loader
+    ``generator``, whatever the number of workers; a new stream every epoch.
+
+    Raises RuntimeError outside the loading of a sample by a DataLoader.
+    """
+    if index is None:
+        index = context.index
+    if context.base_seed is None or index is None:
+        raise RuntimeError(
+            "sample_rng() is only available while a DataLoader fetches a sample "
+            "(inside the dataset's __getitem__); inside __getitems__ pass the index: "
+            "sample_rng(i)")
+    return np.random.default_rng([context.base_seed, context.epoch, int(index) % 2**64])

@@ -1,0 +1,364 @@
+"""The worker process: take tasks from its ring, fetch, collate into a slot,
+answer on its result ring.
+
+NOTE [ Worker protocol ]
+
+Every message is a pickled tuple whose first item says what it is.
+
+Main process -> worker (task ring):
+  (TASK, task_id, index, slot)     fetch ``index`` (a list of indices, one
+                                   index, or None for an iterable dataset)
+                                   and write the batch into ``slot``, a
+                                   (segment_id, offset, capacity) triple
+  (RESLOT, task_id, slot)          the bigger slot a NEED asked for
+  (SEGMENT, segment_id, nbytes)    a new pool segment; its descriptor was sent
+                                   just before on the worker's Unix socket
+  (RETIRE, segment_id)             unmap a segment the pool dropped
+  (RESET, epoch)                   a new epoch with persistent workers: start
+                                   a fresh fetcher (a new dataset iterator)
+Worker -> main process (result ring):
+  (DONE, task_id, layout, fetch_s, collate_s, has_state, state, ended)
+                                   the batch is in the task's slot; the
+                                   seconds it took to fetch and to collate;
+                                   on snapshot steps the iterable dataset's
+                                   state after this batch; whether the
+                                   dataset ran out while filling it
+  (NEED, task_id, nbytes)          the batch needs a slot of ``nbytes``; the
+                                   worker keeps the fetched data meanwhile, so
+                                   nothing is fetched twice (an iterable
+                                   dataset cannot be rewound)
+  (ENDED, task_id)                 an iterable dataset is exhausted
+  (FAILED, task_id, WorkerError)   the dataset or collate_fn raised
+
+A worker handles its tasks in the order they were sent. Closing the task
+ring is the request to exit: the worker's blocking get raises
+RingClosedError once the ring is drained.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import signal
+import socket
+import sys
+import time
+import traceback
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from fastload._fetch import DatasetKind, create_fetcher
+from fastload._sample_rng import context as sample_context
+from fastload._worker_info import WorkerInfo, set_worker_info
+from fastload.collate import default_collate
+from fastload.dataset import ArrayDataset, Subset
+from fastload.errors import RingClosedError
+from fastload_c import pack, proc
+from fastload_c.pack import SlotTooSmallError
+from fastload_c.shm import Segment
+
+TASK, RESLOT, SEGMENT, RETIRE, RESET = range(5)
+DONE, NEED, ENDED, FAILED = range(4)
+# The task id of failures outside a task (worker_init_fn, the task loop).
+INIT_TASK = -1
+# How long a worker waits on a ring before it checks that its parent lives.
+PARENT_CHECK_SECONDS = 0.5
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class WorkerError:
+    """An exception raised in a worker, in a form that crosses processes:
+    its type, message and traceback text, the worker and the index."""
+
+    def __init__(self, exc: BaseException, worker_id: int, where: str) -> None:
+        self.exc_type = type(exc)
+        self.text = "".join(traceback.format_exception(exc))
+        self.worker_id = worker_id
+        self.where = where
+
+    def __reduce__(self) -> Any:
+        # An exception type that cannot be pickled (defined in a closure, say)
+        # still reaches the main process as RuntimeError with its text.
+        try:
+            pickle.dumps(self.exc_type)
+            exc_type: type = self.exc_type
+        except Exception:
+            exc_type = RuntimeError
+        return (_rebuild_worker_error, (exc_type, self.text, self.worker_id, self.where))
+
+    def reraise(self, pid: int) -> None:
+        message = (
+            f"Caught {self.exc_type.__name__} in DataLoader worker {self.worker_id} "
+            f"(pid {pid}) {self.where}.\nOriginal {self.text}"
+        )
+        if self.exc_type is KeyError:
+            # KeyError's str() is the repr of its argument: keep the text readable.
+            message = _ReadableKeyErrorMessage(message)
+        try:
+            exc = self.exc_type(message)
+        except Exception:
+            exc = RuntimeError(message)
+        raise exc
+
+
+class _ReadableKeyErrorMessage(str):
+    def __repr__(self) -> str:
+        return self
+
+
+def _rebuild_worker_error(exc_type: type, text: str, worker_id: int, where: str) -> WorkerError:
+    error = WorkerError.__new__(WorkerError)
+    error.exc_type, error.text, error.worker_id, error.where = exc_type, text, worker_id, where
+    return error
+
+
+def seed_worker(base_seed: int, worker_id: int) -> int:
+    """Seed Python's, numpy's (and torch's, if imported) global generators.
+
+    Every worker gets its own stream: numpy's state comes from a
+    SeedSequence of (base seed, worker id), so no two workers ever repeat
+    each other's random augmentations.
+    """
+    seed = (base_seed + worker_id) % 2**64
+    random.seed(seed)
+    np.random.seed(np.random.SeedSequence([base_seed, worker_id]).generate_state(4))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+    return seed
+
+
+def gather_columns(dataset: Any, index: Any) -> tuple[tuple[np.ndarray, ...], Any] | None:
+    """(source arrays, row numbers) when the batch can be gathered straight
+    from the arrays of an ArrayDataset (or a Subset of one), else None."""
+    if isinstance(dataset, Subset):
+        inner = gather_columns(dataset.dataset, index)
+        if inner is None:
+            return None
+        return inner[0], np.asarray(dataset.indices)[np.asarray(inner[1], dtype=np.intp)]
+    if type(dataset) is ArrayDataset:
+        return dataset.arrays, index
+    return None
+
+
+class _Worker:
+    """One worker's state: its rings, mapped segments and fetcher."""
+
+    def __init__(self, config: dict[str, Any], task_ring: Any, result_ring: Any,
+                 segment_socket: socket.socket) -> None:
+        self.config = config
+        self.tasks = task_ring
+        self.results = result_ring
+        self.socket = segment_socket
+        self.worker_id: int = config["worker_id"]
+        self.segments: dict[int, Segment] = {}
+        self.dataset = config["dataset"]
+        self.kind: DatasetKind = config["dataset_kind"]
+        self.auto_collation: bool = config["auto_collation"]
+        self.collate_fn = config["collate_fn"]
+        self.default_collation = self.auto_collation and self.collate_fn is default_collate
+        self.backlog: deque[tuple[Any, ...]] = deque()
+        self.fetcher: Any = None
+        self.ended = False
+        self.snapshot_every: int = config["snapshot_every_n_steps"]
+        self.stateful = (self.kind is DatasetKind.ITERABLE
+                         and callable(getattr(self.dataset, "state_dict", None)))
+        self.batches_done = 0
+
+    def reply(self, *message: Any) -> None:
+        data = pickle.dumps(message, protocol=5)
+        while True:
+            try:
+                self.results.put(data, PARENT_CHECK_SECONDS)
+                return
+            except TimeoutError:
+                self.exit_if_orphaned()
+
+    def receive(self) -> tuple[Any, ...]:
+        while True:
+            try:
+                return pickle.loads(self.tasks.get(PARENT_CHECK_SECONDS))
+            except TimeoutError:
+                self.exit_if_orphaned()
+
+    def next_message(self) -> tuple[Any, ...]:
+        if self.backlog:
+            return self.backlog.popleft()
+        return self.receive()
+
+    def exit_if_orphaned(self) -> None:
+        """A worker whose parent died (and was not killed with it: see NOTE
+        [ Shutdown protocol ] in fastload._workers) ends itself."""
+        if os.getppid() != self.config["parent_pid"] and not _pid_alive(self.config["parent_pid"]):
+            os._exit(0)
+
+    def new_fetcher(self) -> None:
+        self.fetcher = create_fetcher(self.kind, self.dataset, self.auto_collation,
+                                      self.collate_fn, self.config["drop_last"])
+        self.ended = False
+        self.batches_done = 0
+
+    def resume(self, progress: dict[str, Any]) -> None:
+        """Put this worker's iterable dataset where a checkpoint left it: its
+        state, then the batches delivered after that state read and dropped
+        (NOTE [ Resume contract ] in fastload._state)."""
+        if progress["state"] is not None:
+            self.dataset.load_state_dict(progress["state"])
+        self.new_fetcher()
+        index = [None] * self.config["batch_size"] if self.auto_collation else None
+        for _ in range(progress["yielded"] - progress["state_step"]):
+            try:
+                self.fetcher.fetch(index)
+            except StopIteration:
+                break
+        self.batches_done = progress["yielded"]
+        self.ended = progress["ended"]
+
+    def run(self, resume: dict[str, Any] | None) -> None:
+        if resume is None:
+            self.new_fetcher()
+        else:
+            self.resume(resume)
+        while True:
+            try:
+                message = self.next_message()
+            except RingClosedError:
+                return
+            kind = message[0]
+            if kind == TASK:
+                if self.tasks.closed:
+                    return  # shutting down: the rest of the queue is moot
+                self.load(message[1], message[2], message[3])
+            elif kind == SEGMENT:
+                self.receive_segment(message[1], message[2])
+            elif kind == RETIRE:
+                self.segments.pop(message[1]).close()
+            elif kind == RESET:
+                sample_context.epoch = message[1]
+                self.new_fetcher()
+
+    def receive_segment(self, segment_id: int, nbytes: int) -> None:
+        _, fds, _, _ = socket.recv_fds(self.socket, 16, 1)
+        if len(fds) != 1:
+            raise RuntimeError(f"expected the descriptor of segment {segment_id}, got {fds}")
+        self.segments[segment_id] = Segment.attach(fds[0], nbytes)
+
+    def load(self, task_id: int, index: Any, slot: tuple[int, int, int]) -> None:
+        if self.ended:
+            self.reply(ENDED, task_id)
+            return
+        started = time.perf_counter()
+        try:
+            write = self.fetch(index)
+        except StopIteration:
+            self.ended = True
+            self.reply(ENDED, task_id)
+            return
+        except Exception as exc:
+            self.reply(FAILED, task_id, WorkerError(exc, self.worker_id, self.describe(index)))
+            return
+        fetched = time.perf_counter()
+        self.batches_done += 1
+        state = None
+        has_state = self.stateful and self.batches_done % self.snapshot_every == 0
+        if has_state:
+            state = self.dataset.state_dict()
+        while True:
+            segment_id, offset, capacity = slot
+            try:
+                layout = write(self.segments[segment_id], offset, capacity)
+            except SlotTooSmallError as small:
+                slot = self.await_reslot(task_id, small.needed)
+                continue
+            except Exception as exc:
+                self.reply(FAILED, task_id, WorkerError(exc, self.worker_id, self.describe(index)))
+                return
+            self.reply(DONE, task_id, layout, fetched - started, time.perf_counter() - fetched,
+                       has_state, state, self.ended or getattr(self.fetcher, "ended", False))
+            return
+
+    def await_reslot(self, task_id: int, needed: int) -> tuple[int, int, int]:
+        """Ask for a slot of ``needed`` bytes and wait for it, keeping the
+        tasks and segments that arrive meanwhile in order."""
+        self.reply(NEED, task_id, needed)
+        held = []
+        while True:
+            message = self.receive()
+            if message[0] == RESLOT and message[1] == task_id:
+                self.backlog.extendleft(reversed(held))
+                return message[2]
+            if message[0] == SEGMENT:
+                self.receive_segment(message[1], message[2])
+            else:
+                held.append(message)
+
+    def fetch(self, index: Any) -> Any:
+        """Fetch the data of one task; return a function that writes it into
+        a slot (segment, offset, capacity) and returns the layout."""
+        if self.kind is DatasetKind.MAP and self.default_collation:
+            columns = gather_columns(self.dataset, index)
+            if columns is not None:
+                arrays, rows = columns
+                return lambda seg, off, cap: pack.gather_into(arrays, rows, seg, off, cap)
+            samples = self.fetcher.fetch_samples(index)
+            return lambda seg, off, cap: pack.collate_into(samples, seg, off, cap)
+        if self.kind is DatasetKind.ITERABLE and self.default_collation:
+            samples = self.fetcher.fetch_samples(index)
+            return lambda seg, off, cap: pack.collate_into(samples, seg, off, cap)
+        batch = self.fetcher.fetch(index)
+        return lambda seg, off, cap: pack.pickle_into(batch, seg, off, cap)
+
+    def describe(self, index: Any) -> str:
+        failed_at = sample_context.index
+        sample_context.index = None
+        if failed_at is not None:
+            return f"while loading index {failed_at}"
+        if index is None:
+            return "while loading from its iterable dataset"
+        return f"while loading indices {index}"
+
+
+def worker_main(config: dict[str, Any], task_ring: Any, result_ring: Any,
+                segment_socket: socket.socket, segments: dict[int, Segment]) -> None:
+    """Entry point of a worker process (any start method)."""
+    # The main process handles Ctrl-C and shuts workers down; a worker that
+    # died of the same SIGINT would only turn a clean stop into a crash report.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if config["parent_death_signal"]:
+        try:
+            proc.die_with_parent(config["parent_pid"])
+        except ProcessLookupError:
+            os._exit(0)
+    worker_id = config["worker_id"]
+    seed = seed_worker(config["base_seed"], worker_id)
+    sample_context.base_seed = config["base_seed"]
+    sample_context.epoch = config["epoch"]
+    set_worker_info(WorkerInfo(id=worker_id, num_workers=config["num_workers"], seed=seed,
+                               dataset=config["dataset"]))
+    worker = _Worker(config, task_ring, result_ring, segment_socket)
+    worker.segments.update(segments)
+    try:
+        if config["worker_init_fn"] is not None:
+            config["worker_init_fn"](worker_id)
+    except Exception as exc:
+        worker.reply(FAILED, INIT_TASK, WorkerError(exc, worker_id, "in worker_init_fn"))
+        return
+    try:
+        worker.run(config["resume"])
+    except RingClosedError:
+        pass
+    except Exception as exc:
+        # A fault of the loop itself (a resume that cannot load its state, a
+        # segment that cannot be mapped): report it rather than just exit.
+        worker.reply(FAILED, INIT_TASK, WorkerError(exc, worker_id, "in its task loop"))

@@ -1,0 +1,249 @@
+"""A set of worker processes and everything they share with the main
+process: task and result rings, the doorbell, the slab pool, the sockets that
+carry new segments. The iterator (``_multiprocess``) decides what to load;
+this module starts, watches and stops the processes.
+
+NOTE [ Shutdown protocol ]
+
+Shutting down must end every worker in bounded time and leave nothing
+behind, on every path: the end of an epoch, ``break``, an exception in the
+training loop, KeyboardInterrupt, the iterator being garbage collected, or
+the interpreter exiting. ``_shutdown`` is that one path, run by a
+``weakref.finalize`` (so collection and interpreter exit take it too):
+
+1. Close every task ring. A worker blocked waiting for a task wakes and
+   exits; a worker in the middle of a task sees the closed ring before its
+   next one. Close every result ring too, so that a worker blocked on a full
+   result ring wakes.
+2. Join each worker with a shared deadline; then SIGTERM the ones still
+   alive (a dataset stuck in a C call), join briefly; then SIGKILL and join.
+   Joining reaps: no zombie is left.
+3. Stop ringing the doorbell on SIGCHLD, close the sockets. The segments are
+   unmapped when the last batch a user holds on them is gone (NOTE [ Slot
+   ownership and lifetime ] in fastload_c.slab); being memfds, they vanish
+   with the last process that maps them whatever killed it.
+
+Workers hold their parent too: they get SIGKILL when the main process dies
+(the parent-death signal, armed only when the iterator was made by the main
+thread, because the kernel sends it when the creating *thread* exits), and
+in every case they check that the parent is alive whenever they have waited
+half a second for a task or for room in their result ring.
+"""
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import os
+import pickle
+import signal
+import socket
+import threading
+import time
+import weakref
+from typing import Any
+
+from fastload import _memory
+from fastload._worker import RESET, RETIRE, SEGMENT, worker_main
+from fastload.errors import RingClosedError
+from fastload_c import proc
+from fastload_c.ring import Doorbell, Ring
+
+# Tasks carry index lists; results carry layouts and error reports.
+TASK_RING_BYTES = 1 << 20
+RESULT_RING_BYTES = 1 << 18
+# A first guess at the batch size; the first batch that needs more raises it.
+INITIAL_SLOT_BYTES = 1 << 20
+JOIN_SECONDS = 5.0
+
+
+def _sigchld_wakes_us(context: Any) -> bool:
+    """Whether a worker's death sends this process SIGCHLD: true for fork
+    and spawn, whose workers are our children; a forkserver's workers are
+    the forkserver's children, so their deaths are polled for instead."""
+    if context.get_start_method() == "forkserver":
+        return False
+    try:
+        proc.install_sigchld_handler()
+    except OSError as exc:
+        if exc.errno != errno.EBUSY:
+            raise
+        return False
+    return True
+
+
+class _Channels:
+    """What the pool's segment callbacks need to reach the workers. Kept apart
+    from WorkerGroup so that the pool holds no reference to the group: the
+    group must die by reference counting, which is what shuts workers down
+    at once when an iterator is dropped."""
+
+    def __init__(self) -> None:
+        self.task_rings: list[Ring] = []
+        self.sockets: list[socket.socket] = []
+        self.processes: list[Any] = []
+
+    def send(self, worker_id: int, message: tuple[Any, ...]) -> None:
+        """Put a message on a worker's task ring, noticing its death while
+        the ring is full."""
+        data = pickle.dumps(message, protocol=5)
+        ring = self.task_rings[worker_id]
+        while True:
+            try:
+                ring.put(data, 0.05)
+                return
+            except TimeoutError:
+                self.raise_if_dead()
+
+    def send_segment(self, seg_id: int, segment: Any, slot_size: int, nslots: int) -> None:
+        # Segments made before the workers exist travel with their start.
+        for worker_id, sock in enumerate(self.sockets):
+            socket.send_fds(sock, [b"s"], [segment.fd])
+            self.send(worker_id, (SEGMENT, seg_id, segment.size))
+
+    def retire_segment(self, seg_id: int) -> None:
+        for worker_id in range(len(self.task_rings)):
+            self.send(worker_id, (RETIRE, seg_id))
+
+    def dead_worker(self) -> tuple[int, Any] | None:
+        """(worker id, process) of a worker that exited, if any."""
+        for worker_id, process in enumerate(self.processes):
+            if process.exitcode is not None:
+                return worker_id, process
+        return None
+
+    def raise_if_dead(self) -> None:
+        found = self.dead_worker()
+        if found is not None:
+            raise WorkerGroupDied(*found)
+
+
+class WorkerGroup:
+    """Started worker processes; ``shutdown()`` (or losing the last
+    reference) ends them as NOTE [ Shutdown protocol ] says."""
+
+    def __init__(self, loader: Any, base_seed: int, epoch: int,
+                 resume: list[Any] | None) -> None:
+        context = loader.multiprocessing_context or multiprocessing.get_context()
+        self.num_workers: int = loader.num_workers
+        self.method: str = context.get_start_method()
+        self.doorbell = Doorbell()
+        self.sigchld = _sigchld_wakes_us(context)
+        if self.sigchld:
+            proc.ring_on_sigchld(self.doorbell)
+        self.channels = channels = _Channels()
+        self.task_rings = channels.task_rings
+        self.sockets = channels.sockets
+        self.processes = channels.processes
+        self.result_rings: list[Ring] = []
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self.processes, self.task_rings, self.result_rings,
+            self.sockets, self.doorbell, self.sigchld)
+        self.pool = _memory.new_pool(
+            INITIAL_SLOT_BYTES, pin_memory=loader.pin_memory,
+            on_segment=channels.send_segment, on_retire=channels.retire_segment)
+        initial_segments = {seg_id: segment for seg_id, segment, _, _ in self.pool.segments}
+        parent_death = threading.current_thread() is threading.main_thread()
+        for worker_id in range(self.num_workers):
+            config = {
+                "dataset": loader.dataset,
+                "dataset_kind": loader._dataset_kind,
+                "auto_collation": loader._auto_collation,
+                "collate_fn": loader.collate_fn,
+                "drop_last": loader.drop_last,
+                "base_seed": base_seed,
+                "worker_init_fn": loader.worker_init_fn,
+                "worker_id": worker_id,
+                "num_workers": self.num_workers,
+                "parent_pid": os.getpid(),
+                "parent_death_signal": parent_death and self.method != "forkserver",
+                "epoch": epoch,
+                "batch_size": loader.batch_size,
+                "snapshot_every_n_steps": loader.snapshot_every_n_steps,
+                "resume": None if resume is None else resume[worker_id].as_dict(),
+            }
+            self._start(context, config, initial_segments)
+
+    def _start(self, context: Any, config: dict[str, Any], segments: dict[int, Any]) -> None:
+        tasks = Ring(TASK_RING_BYTES)
+        results = Ring(RESULT_RING_BYTES, self.doorbell)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        process = context.Process(
+            target=worker_main, args=(config, tasks, results, theirs, segments),
+            name=f"fastload-worker-{config['worker_id']}", daemon=True)
+        try:
+            process.start()
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            ours.close()
+            theirs.close()
+            self.shutdown()
+            raise TypeError(
+                f"cannot start DataLoader workers with the '{self.method}' start method: "
+                f"{exc}. With 'spawn' and 'forkserver' the dataset, collate_fn and "
+                "worker_init_fn are pickled, so they must be defined at module level "
+                "(not in a function or a lambda); or use multiprocessing_context='fork'."
+            ) from exc
+        finally:
+            theirs.close()
+        self.task_rings.append(tasks)
+        self.result_rings.append(results)
+        self.sockets.append(ours)
+        self.processes.append(process)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
+
+    def send(self, worker_id: int, message: tuple[Any, ...]) -> None:
+        self.channels.send(worker_id, message)
+
+    def reset(self, epoch: int) -> None:
+        """A new epoch with persistent workers: fresh fetchers everywhere."""
+        for worker_id in range(self.num_workers):
+            self.send(worker_id, (RESET, epoch))
+
+    def raise_if_dead(self) -> None:
+        self.channels.raise_if_dead()
+
+    def shutdown(self) -> None:
+        self._finalizer()
+
+
+class WorkerGroupDied(Exception):
+    """Internal: a worker exited; the iterator turns it into WorkerDiedError
+    naming the batch it held."""
+
+    def __init__(self, worker_id: int, process: Any) -> None:
+        super().__init__(worker_id, process)
+        self.worker_id = worker_id
+        self.process = process
+
+
+def describe_exit(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name}"
+    return f"exited with code {exitcode}"
+
+
+def _shutdown(processes: list[Any], task_rings: list[Ring], result_rings: list[Ring],
+              sockets: list[socket.socket], doorbell: Doorbell, sigchld: bool) -> None:
+    for ring in task_rings + result_rings:
+        ring.close()
+    deadline = time.monotonic() + JOIN_SECONDS
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for stop, grace in ((lambda p: p.terminate(), 1.0), (lambda p: p.kill(), None)):
+        stubborn = [p for p in processes if p.exitcode is None]
+        for process in stubborn:
+            stop(process)
+        for process in stubborn:
+            process.join(grace)
+    for process in processes:
+        process.close()
+    for sock in sockets:
+        sock.close()
+    if sigchld:
+        proc.stop_ringing(doorbell)

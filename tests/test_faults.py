@@ -1,0 +1,236 @@
+"""Faults in multi-process loading: nothing hangs, nothing leaks, errors name
+what went wrong."""
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+import fastload as fl
+
+
+class Sleepy(fl.Dataset):
+    """Each sample takes `delay` seconds, so the main process waits on workers."""
+
+    def __init__(self, n=64, delay=0.0):
+        self.n = n
+        self.delay = delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.delay:
+            time.sleep(self.delay)
+        return np.full(4, i, dtype=np.int32)
+
+
+class Failing(fl.Dataset):
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        if i == 13:
+            raise KeyError("no sample thirteen")
+        return i
+
+
+def worker_children():
+    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_sigkill_of_a_worker_is_reported_within_100ms():
+    loader = fl.DataLoader(Sleepy(delay=0.5), batch_size=1, num_workers=2)
+    it = iter(loader)
+    victim = it.worker_pids[1]
+    time.sleep(0.2)  # both workers are busy with their first batch
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.perf_counter()
+    with pytest.raises(fl.WorkerDiedError) as info:
+        for _ in it:
+            pass
+    # The first batch (worker 0) may arrive before the death is noticed.
+    elapsed = time.perf_counter() - t0
+    message = str(info.value)
+    assert "worker 1" in message and str(victim) in message
+    assert "SIGKILL" in message and "batch 1" in message
+    assert info.value.pid == victim and info.value.worker_id == 1
+    assert elapsed < 0.6
+    del it
+    assert not worker_children()
+
+
+def test_sigkill_detection_latency_when_idle_waiting():
+    """The main thread sleeps on its doorbell; SIGCHLD must wake it at once."""
+    import threading
+
+    loader = fl.DataLoader(Sleepy(n=4, delay=30), batch_size=1, num_workers=1)
+    it = iter(loader)
+    victim = it.worker_pids[0]
+    killed_at = []
+
+    def kill():
+        killed_at.append(time.perf_counter())
+        os.kill(victim, signal.SIGKILL)
+
+    timer = threading.Timer(0.3, kill)
+    timer.start()
+    with pytest.raises(fl.WorkerDiedError):
+        next(it)
+    noticed = time.perf_counter()
+    timer.join()
+    assert noticed - killed_at[0] < 0.1
+    del it
+    assert not worker_children()
+
+
+def test_exception_in_worker_keeps_type_traceback_worker_and_index():
+    loader = fl.DataLoader(Failing(), batch_size=4, num_workers=2)
+    with pytest.raises(KeyError) as info:
+        list(loader)
+    message = str(info.value)
+    assert "no sample thirteen" in message
+    assert "worker" in message and "index 13" in message
+    assert "Traceback" in message and "__getitem__" in message
+    assert not worker_children()
+
+
+def test_timeout_error_names_the_wait():
+    loader = fl.DataLoader(Sleepy(n=2, delay=1), batch_size=1, num_workers=1, timeout=0.2)
+    with pytest.raises(RuntimeError, match=r"timed out after 0\.2"):
+        next(iter(loader))
+    assert not worker_children()
+
+
+@pytest.mark.parametrize("ending", ["break", "exception", "del", "gc"])
+def test_early_endings_shut_workers_down(ending):
+    loader = fl.DataLoader(Sleepy(n=200), batch_size=2, num_workers=2)
+    it = iter(loader)
+    next(it)
+    assert len(worker_children()) == 2
+    if ending == "break":
+        for _ in it:
+            break
+        del it
+    elif ending == "exception":
+        with pytest.raises(ZeroDivisionError):
+            for _ in it:
+                1 / 0
+        del it
+    elif ending == "del":
+        del it
+    else:
+        cycle = [it]
+        cycle.append(cycle)
+        del it, cycle
+        gc.collect()
+    deadline = time.monotonic() + 5
+    while worker_children() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not worker_children()
+
+
+def run_script(body, timeout=30):
+    script = textwrap.dedent(body)
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_sigkill_of_the_parent_leaves_no_worker():
+    proc = run_script("""
+        import sys, time, numpy as np, fastload as fl
+        class Slow(fl.Dataset):
+            def __len__(self): return 100
+            def __getitem__(self, i):
+                time.sleep(0.05); return i
+        it = iter(fl.DataLoader(Slow(), batch_size=1, num_workers=2))
+        next(it)
+        print(*it.worker_pids, flush=True)
+        time.sleep(60)
+    """)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2
+        proc.kill()
+        proc.wait(10)
+        time.sleep(1.0)
+        alive = [p for p in pids if psutil.pid_exists(p)
+                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert alive == []
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_keyboard_interrupt_mid_iteration_shuts_down():
+    proc = run_script("""
+        import os, signal, threading, time, fastload as fl, psutil
+        class Slow(fl.Dataset):
+            def __len__(self): return 1000
+            def __getitem__(self, i):
+                time.sleep(0.01); return i
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            for _ in fl.DataLoader(Slow(), batch_size=2, num_workers=2):
+                pass
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        print("children", len(psutil.Process().children()), flush=True)
+    """)
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert "interrupted" in out, err
+    assert "children 0" in out, out + err
+
+
+def test_interpreter_exit_with_live_iterator_is_clean():
+    proc = run_script("""
+        import fastload as fl, numpy as np
+        ds = fl.ArrayDataset(np.arange(1000))
+        it = iter(fl.DataLoader(ds, batch_size=10, num_workers=2))
+        next(it)
+        print("ok", flush=True)
+    """)
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out.strip() == "ok"
+    assert "Traceback" not in err
+
+
+def fd_count():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_two_hundred_lifecycles_leak_nothing():
+    ds = Sleepy(n=40)
+    failing = Failing()
+    shm_before = set(os.listdir("/dev/shm"))
+    gc.collect()
+    fds_before = fd_count()
+    for round_ in range(200):
+        if round_ % 3 == 0:
+            for batch in fl.DataLoader(ds, batch_size=4, num_workers=2):
+                break
+            del batch  # a batch held keeps its slot's memfd open, rightly
+        elif round_ % 3 == 1:
+            with pytest.raises(KeyError):
+                list(fl.DataLoader(failing, batch_size=8, num_workers=1))
+        else:
+            it = iter(fl.DataLoader(ds, batch_size=8, num_workers=1))
+            next(it)
+            del it
+    gc.collect()
+    assert fd_count() == fds_before
+    assert psutil.Process().children(recursive=True) == []
+    assert set(os.listdir("/dev/shm")) == shm_before

@@ -1,0 +1,248 @@
+"""num_workers > 0: torch's semantics over rings and slabs."""
+import collections
+import os
+import time
+
+import numpy as np
+import pytest
+
+import fastload as fl
+
+START_METHODS = ["fork", "spawn", "forkserver"]
+
+
+class Rows(fl.Dataset):
+    """Map-style: sample i is (a float32 row derived from i, the int i)."""
+
+    def __init__(self, n=103, width=5):
+        self.n = n
+        self.width = width
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return np.arange(self.width, dtype=np.float32) + i, i
+
+
+class Shards(fl.IterableDataset):
+    """Iterable: each worker yields its own share of range(n)."""
+
+    def __init__(self, n=50):
+        self.n = n
+
+    def __iter__(self):
+        info = fl.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(start, self.n, step):
+            yield np.full(3, i, dtype=np.int64)
+
+
+def epoch(loader):
+    return [b for b in loader]
+
+
+def assert_batches_equal(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert type(g) is type(w)
+        for gl, wl in zip(g, w):
+            assert gl.dtype == wl.dtype and gl.shape == wl.shape
+            assert gl.tobytes() == wl.tobytes()
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_map_style_matches_single_process(method, workers):
+    ds = Rows()
+    want = epoch(fl.DataLoader(ds, batch_size=8))
+    got = epoch(fl.DataLoader(ds, batch_size=8, num_workers=workers,
+                              multiprocessing_context=method))
+    assert_batches_equal(got, want)
+    seen = np.concatenate([b[1] for b in got])
+    assert sorted(seen.tolist()) == list(range(len(ds)))
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_iterable_with_sharding_delivers_each_item_once(method):
+    loader = fl.DataLoader(Shards(50), batch_size=4, num_workers=2,
+                           multiprocessing_context=method)
+    items = np.concatenate([b[:, 0] for b in loader]).tolist()
+    assert collections.Counter(items) == collections.Counter(range(50))
+
+
+def test_iterable_drop_last_applies_per_worker():
+    # 50 items over 2 workers: 25 each, batches of 4 -> 6 full batches each.
+    batches = epoch(fl.DataLoader(Shards(50), batch_size=4, num_workers=2, drop_last=True))
+    assert len(batches) == 12
+    assert all(len(b) == 4 for b in batches)
+
+
+def test_in_order_false_yields_each_batch_once():
+    ds = Rows(200)
+    got = epoch(fl.DataLoader(ds, batch_size=7, num_workers=3, in_order=False))
+    seen = np.concatenate([b[1] for b in got])
+    assert sorted(seen.tolist()) == list(range(200))
+
+
+def test_shuffle_matches_single_process_order_for_same_generator():
+    ds = Rows(64)
+    want = epoch(fl.DataLoader(ds, batch_size=5, shuffle=True, generator=7))
+    got = epoch(fl.DataLoader(ds, batch_size=5, shuffle=True, generator=7, num_workers=2))
+    assert_batches_equal(got, want)
+
+
+def test_batch_size_none_and_custom_sampler():
+    ds = Rows(20)
+    got = epoch(fl.DataLoader(ds, batch_size=None, sampler=[3, 1, 2], num_workers=2))
+    assert [int(s[1]) for s in got] == [3, 1, 2]
+    assert got[0][0].shape == (5,)
+
+
+class Labelled:
+    def __init__(self, x, names):
+        self.x = x
+        self.names = names
+
+
+def collate_to_object(samples):
+    return Labelled(np.stack([s[0] for s in samples]), ["s%d" % s[1] for s in samples])
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_custom_collate_result_travels(method):
+    got = epoch(fl.DataLoader(Rows(10), batch_size=4, num_workers=2,
+                              collate_fn=collate_to_object, multiprocessing_context=method))
+    assert [b.names for b in got] == [["s0", "s1", "s2", "s3"], ["s4", "s5", "s6", "s7"], ["s8", "s9"]]
+    np.testing.assert_array_equal(got[1].x[0], np.arange(5, dtype=np.float32) + 4)
+
+
+def test_held_batches_are_never_overwritten():
+    loader = fl.DataLoader(Rows(400), batch_size=4, num_workers=2)
+    held = epoch(loader)
+    copies = [(x.copy(), y.copy()) for x, y in held]
+    for _ in range(2):
+        epoch(loader)
+    for (x, y), (cx, cy) in zip(held, copies):
+        assert np.array_equal(x, cx) and np.array_equal(y, cy)
+
+
+class WorkerFacts(fl.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        info = fl.get_worker_info()
+        return np.array([info.id, info.num_workers, info.seed % (2**31), os.getpid(),
+                         np.random.randint(2**31), int(info.dataset is self)])
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_worker_info_and_distinct_numpy_seeds(method):
+    batches = epoch(fl.DataLoader(WorkerFacts(), batch_size=1, num_workers=2,
+                                  multiprocessing_context=method))
+    rows = np.concatenate(batches)
+    by_worker = {int(r[0]): r for r in rows}
+    assert set(by_worker) == {0, 1}
+    assert all(r[1] == 2 and r[5] == 1 for r in rows)
+    assert by_worker[0][2] != by_worker[1][2]  # seeds differ
+    assert by_worker[0][3] != by_worker[1][3]  # pids differ
+    # numpy's global RNG is seeded per worker: no duplicated augmentations.
+    assert len({int(r[4]) for r in rows}) == len(rows)
+
+
+def test_generator_makes_worker_seeds_reproducible():
+    def seeds(gen):
+        rows = np.concatenate(epoch(fl.DataLoader(WorkerFacts(), batch_size=1,
+                                                  num_workers=2, generator=gen)))
+        return sorted(rows[:, 2].tolist())
+
+    assert seeds(11) == seeds(11)
+    assert seeds(11) != seeds(12)
+
+
+def record_worker_id(worker_id):
+    info = fl.get_worker_info()
+    assert info is not None and info.id == worker_id
+    os.environ["FASTLOAD_TEST_INIT"] = str(worker_id)
+
+
+class InitFacts(fl.Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return int(os.environ.get("FASTLOAD_TEST_INIT", "-1"))
+
+
+def test_worker_init_fn_runs_in_each_worker():
+    got = np.concatenate(epoch(fl.DataLoader(InitFacts(), batch_size=1, num_workers=2,
+                                             worker_init_fn=record_worker_id)))
+    assert sorted(set(got.tolist())) == [0, 1]
+
+
+class Pids(fl.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return os.getpid()
+
+
+def test_persistent_workers_survive_epochs_and_reshuffle():
+    ds = Rows(40)
+    loader = fl.DataLoader(ds, batch_size=4, shuffle=True, num_workers=2, persistent_workers=True)
+    first = np.concatenate([b[1] for b in loader])
+    t0 = time.perf_counter()
+    it = iter(loader)
+    next(it)
+    first_batch_latency = time.perf_counter() - t0
+    second = np.concatenate([next(it)[1] for _ in range(9)])
+    assert sorted(first.tolist()) == list(range(40))
+    assert first.tolist() != second.tolist()
+    assert first_batch_latency < 0.5
+    pid_loader = fl.DataLoader(Pids(), batch_size=2, num_workers=2, persistent_workers=True)
+    pids1 = set(np.concatenate(epoch(pid_loader)).tolist())
+    pids2 = set(np.concatenate(epoch(pid_loader)).tolist())
+    assert pids1 == pids2 and len(pids1) == 2
+
+
+class Slow(fl.Dataset):
+    def __init__(self, delay):
+        self.delay = delay
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return i
+
+
+def test_timeout_raises_after_that_many_seconds():
+    loader = fl.DataLoader(Slow(2.0), batch_size=1, num_workers=1, timeout=0.3)
+    it = iter(loader)
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"timed out after 0\.3 seconds"):
+        next(it)
+    assert 0.29 < time.perf_counter() - t0 < 0.4
+
+
+def test_pin_memory_batches_are_correct():
+    want = epoch(fl.DataLoader(Rows(30), batch_size=8))
+    got = epoch(fl.DataLoader(Rows(30), batch_size=8, num_workers=2, pin_memory=True))
+    assert_batches_equal(got, want)
+
+
+def test_len_of_multiprocess_loader():
+    assert len(fl.DataLoader(Rows(103), batch_size=8, num_workers=2)) == 13
+    assert len(fl.DataLoader(Rows(103), batch_size=8, num_workers=2, drop_last=True)) == 12
+
+
+def test_torch_output_with_workers():
+    torch = pytest.importorskip("torch", reason="the torch output option needs torch")
+    x, y = next(iter(fl.DataLoader(Rows(10), batch_size=4, num_workers=2, output="torch")))
+    assert isinstance(x, torch.Tensor) and x.dtype == torch.float32
+    assert y.tolist() == [0, 1, 2, 3]
