@@ -292,7 +292,7 @@ class _Worker:
         """Ask for a slot of ``needed`` bytes and wait for it, keeping the
         tasks and segments that arrive meanwhile in order."""
         self.reply(NEED, task_id, needed)
-        held = []
+        held: list[tuple[Any, ...]] = []
         while True:
             message = self.receive()
             if message[0] == RESLOT and message[1] == task_id:
