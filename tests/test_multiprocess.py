@@ -246,3 +246,31 @@ def test_torch_output_with_workers():
     x, y = next(iter(fl.DataLoader(Rows(10), batch_size=4, num_workers=2, output="torch")))
     assert isinstance(x, torch.Tensor) and x.dtype == torch.float32
     assert y.tolist() == [0, 1, 2, 3]
+
+
+class Big(fl.Dataset):
+    """Samples of 512 KiB: a batch of 4 outgrows the first slots."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return np.full((128, 1024), i, dtype=np.float32)
+
+
+class BigStream(fl.IterableDataset):
+    def __iter__(self):
+        info = fl.get_worker_info()
+        for i in range(info.id, 12, info.num_workers):
+            yield np.full((128, 1024), i, dtype=np.float32)
+
+
+@pytest.mark.parametrize("dataset", [Big(), BigStream()], ids=["map", "iterable"])
+def test_batches_larger_than_a_slot_grow_the_slots(dataset):
+    loader = fl.DataLoader(dataset, batch_size=4, num_workers=2)
+    got = epoch(loader)
+    values = sorted(int(v) for b in got for v in b[:, 0, 0])
+    assert values == list(range(12))
+    assert all(b.shape[1:] == (128, 1024) for b in got)
+    for b in got:
+        assert (b == b[:, :1, :1]).all()  # every sample filled with its own index
