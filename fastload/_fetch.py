@@ -38,13 +38,11 @@ class DatasetFetcher:
 
 def name_dataset_indices(error: CollateError, index: Sequence[Any]) -> CollateError:
     """The collate error, with the dataset indices of the two samples it names."""
-    positions = getattr(error, "positions", None)
-    if positions is None:
+    if error.positions is None:
         return error
-    later, first = positions
-    named = CollateError(f"{error} (dataset indices {index[later]} and {index[first]})")
-    named.positions = positions  # type: ignore[attr-defined]
-    return named
+    later, first = error.positions
+    return CollateError(f"{error} (dataset indices {index[later]} and {index[first]})",
+                        error.positions)
 
 
 class MapDatasetFetcher(DatasetFetcher):

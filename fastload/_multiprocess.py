@@ -19,7 +19,6 @@ import pickle
 import time
 from typing import Any
 
-from fastload._fetch import name_dataset_indices
 from fastload._iterator import BaseIter, WorkerProgress
 from fastload._state import sampler_state
 from fastload._stats import LoaderStats, WorkerStats
@@ -27,7 +26,7 @@ from fastload._worker import (
     DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT, TASK, WorkerError,
 )
 from fastload._workers import WorkerGroup, WorkerGroupDied, describe_exit
-from fastload.errors import CollateError, ShmError, WorkerDiedError
+from fastload.errors import ShmError, WorkerDiedError
 from fastload_c import pack
 
 # Without SIGCHLD (forkserver workers are not our children) the waiting main
@@ -266,7 +265,7 @@ class MultiProcessingIter(BaseIter):
         kind, task_id = message[0], message[1]
         task = self._tasks.get(task_id)
         if kind == FAILED and task_id == INIT_TASK:
-            self._reraise(message[2], None)
+            self._reraise(message[2])
         if task is None:
             self._handle_stale(kind, task_id, message)
             return
@@ -285,19 +284,14 @@ class MultiProcessingIter(BaseIter):
             self._dispatch()
         elif kind == FAILED:
             del self._tasks[task_id]
-            self._reraise(message[2], task)
+            self._reraise(message[2])
 
-    def _reraise(self, error: WorkerError, task: _Task | None) -> None:
+    def _reraise(self, error: WorkerError) -> None:
         """A worker's exception, raised here with its type and traceback text;
         the workers are shut down first (the epoch cannot go on)."""
         pid = self._workers.pids[error.worker_id]
         self._workers.shutdown()
-        try:
-            error.reraise(pid)
-        except CollateError as collate_error:
-            if task is None:
-                raise
-            raise name_dataset_indices(collate_error, task.index) from None
+        error.reraise(pid)
 
     def _reslot(self, task_id: int, task: _Task, nbytes: int) -> None:
         task.lease = self._workers.pool.acquire(nbytes) or self._acquire_at_cap()

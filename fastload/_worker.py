@@ -49,12 +49,12 @@ from typing import Any
 
 import numpy as np
 
-from fastload._fetch import DatasetKind, create_fetcher
+from fastload._fetch import DatasetKind, create_fetcher, name_dataset_indices
 from fastload._sample_rng import context as sample_context
 from fastload._worker_info import WorkerInfo, set_worker_info
 from fastload.collate import default_collate
 from fastload.dataset import ArrayDataset, Subset
-from fastload.errors import RingClosedError
+from fastload.errors import CollateError, RingClosedError
 from fastload_c import pack, proc
 from fastload_c.pack import SlotTooSmallError
 from fastload_c.shm import Segment
@@ -281,6 +281,10 @@ class _Worker:
             except SlotTooSmallError as small:
                 slot = self.await_reslot(task_id, small.needed)
                 continue
+            except CollateError as exc:
+                named = name_dataset_indices(exc, index)
+                self.reply(FAILED, task_id, WorkerError(named, self.worker_id, self.describe(index)))
+                return
             except Exception as exc:
                 self.reply(FAILED, task_id, WorkerError(exc, self.worker_id, self.describe(index)))
                 return

@@ -62,13 +62,12 @@ def _shape_error(shapes: list[tuple[int, ...]]) -> CollateError:
     position = next((i for i, shape in enumerate(shapes) if shape != first), None)
     if position is None:
         return CollateError("default_collate: samples could not be stacked")
-    error = CollateError(
+    # The positions let the dataset fetcher name the dataset indices as well.
+    return CollateError(
         f"default_collate: sample {position} has shape {shapes[position]} "
-        f"but sample 0 has shape {first}"
+        f"but sample 0 has shape {first}",
+        (position, 0),
     )
-    # Read by the dataset fetcher to name the dataset indices as well.
-    error.positions = (position, 0)  # type: ignore[attr-defined]
-    return error
 
 
 def _collate_arrays(batch: Sequence[Any], elem: np.ndarray) -> np.ndarray:

@@ -17,4 +17,10 @@ class RingClosedError(FastloadError, EOFError):
 class CollateError(FastloadError, RuntimeError):
     """Samples of one batch cannot be collated together (shape or type disagree).
 
-    A RuntimeError, as torch's collate raises for unequal sizes."""
+    A RuntimeError, as torch's collate raises for unequal sizes. ``positions``
+    is (the disagreeing sample, the sample it was compared with) within the
+    batch, when known, so that the loader can name their dataset indices."""
+
+    def __init__(self, message, positions=None):
+        super().__init__(message)
+        self.positions = positions

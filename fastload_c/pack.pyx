@@ -351,7 +351,7 @@ cdef int _visit_container(_Node node, object o, Py_ssize_t s, _Walk w) except -1
     if len(o) != n:
         raise CollateError("default_collate: sample {} has {} elements but sample 0 has {} "
                            "(each element in list of batch should be of equal size)"
-                           .format(s, len(o), n))
+                           .format(s, len(o), n), (s, 0))
     for i in range(n):
         rc = _visit(<_Node>node.children[i], o[i], s, w)
         if rc != 0:
@@ -415,12 +415,12 @@ cdef object _type_error(Py_ssize_t s, object o, _Node node):
     # a supported one where sample 0 has another kind is a CollateError.
     _kind_of(o)
     return CollateError("default_collate: sample {} is a {} but sample 0 is a {}"
-                        .format(s, _type_name(type(o)), _type_name(node.type)))
+                        .format(s, _type_name(type(o)), _type_name(node.type)), (s, 0))
 
 
 cdef object _shape_error(Py_ssize_t s, tuple shape, _Node node):
     return CollateError("default_collate: sample {} has shape {} but sample 0 has shape {}"
-                        .format(s, shape, _shape(node)))
+                        .format(s, shape, _shape(node)), (s, 0))
 
 
 cdef str _type_name(type t):

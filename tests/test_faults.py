@@ -234,3 +234,21 @@ def test_two_hundred_lifecycles_leak_nothing():
     assert fd_count() == fds_before
     assert psutil.Process().children(recursive=True) == []
     assert set(os.listdir("/dev/shm")) == shm_before
+
+
+class Ragged(fl.Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return np.zeros(3 if i != 10 else 4, dtype=np.float32)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_shape_mismatch_names_both_dataset_indices(workers):
+    loader = fl.DataLoader(Ragged(), batch_size=4, num_workers=workers)
+    with pytest.raises(fl.CollateError) as info:
+        list(loader)
+    message = str(info.value)
+    assert "sample 2 has shape (4,) but sample 0 has shape (3,)" in message
+    assert "dataset indices 10 and 8" in message
