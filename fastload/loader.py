@@ -286,13 +286,7 @@ class DataLoader(Generic[T_co]):
             _seed.set_generator_state(self._rng, resume["generator"])
             self._epoch = resume["epoch"] + 1 if resume["finished"] else resume["epoch"]
             if resume["finished"]:
-                if resume["sampler"] is not None:
-                    # The sampler's own generator as it was; the epoch it
-                    # describes has run out, so draining it costs nothing.
-                    self._index_sampler.load_state_dict(resume["sampler"])
-                    for _ in self._index_sampler:
-                        pass
-                resume = None
+                resume = None  # the sampler was restored by load_state_dict
             if self._iterator is not None:
                 # Persistent workers hold the old position; start afresh.
                 self._iterator._shutdown()
@@ -346,12 +340,23 @@ class DataLoader(Generic[T_co]):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from a ``state_dict()`` at the next ``iter()``. Raises
+        """Resume from a ``state_dict()`` at the next ``iter()`` (a state taken
+        after an epoch ran out restores the sampler at once, so that, as in the
+        original run, a ``set_epoch`` before that ``iter()`` applies). Raises
         ValueError, naming what differs, for a state of a loader with another
         dataset length, batch size, drop_last, or (iterable datasets) number
         of workers."""
         check_compatible(state, self)
         self._resume_state = copy.deepcopy(state)
+        if state["finished"] and state["sampler"] is not None:
+            # The saved epoch ran out, so the sampler is restored now rather
+            # than at the next iter(): what the caller sets on it in between
+            # (DistributedSampler.set_epoch for the next epoch) then applies
+            # on top, in the order the original run had. Draining it runs out
+            # the restored epoch, as it had run out there.
+            self._index_sampler.load_state_dict(self._resume_state["sampler"])
+            for _ in self._index_sampler:
+                pass
 
     def __len__(self) -> int:
         if self._dataset_kind is DatasetKind.ITERABLE:
