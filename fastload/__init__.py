@@ -17,7 +17,7 @@ from fastload.dataset import (
     TensorDataset,
     random_split,
 )
-from fastload.distributed import DistributedSampler
+from fastload.distributed import DistributedSampler, batches_per_rank
 from fastload.errors import (
     CollateError,
     FastloadError,
@@ -65,6 +65,7 @@ __all__ = [
     "WeightedRandomSampler",
     "WorkerDiedError",
     "WorkerInfo",
+    "batches_per_rank",
     "default_collate",
     "default_convert",
     "get_worker_info",
