@@ -483,12 +483,22 @@ def test_producer_killed_while_consumer_waits(spawn_child):
 
 @pytest.mark.timeout(30)
 def test_consumer_killed_asleep_leaves_a_working_ring(spawn_child):
-    ring = Ring(1024)
+    ring = Ring(1 << 20)
     proc, conn = spawn_child("fork", _get_forever, ring)
     assert conn.recv() == "ready"
     time.sleep(0.2)
     proc.kill()
     proc.join(5)
+    # The dead sleeper costs at most one FUTEX_WAKE, then puts make no system
+    # call (one per put takes ~0.03 s of system time here).
+    put, get = ring.put, ring.get
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+    for _ in range(3):
+        for _ in range(50_000):
+            put(b"after")
+        for _ in range(50_000):
+            get()
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_stime - before < 0.01
     while ring.try_put(b"after"):
         pass
     start = time.monotonic()
