@@ -64,6 +64,14 @@ class Progress:
         self.next_worker = 0
 
 
+def _length_or_none(sampler: Any) -> float:
+    """len(sampler), or infinity for a sampler without one."""
+    try:
+        return len(sampler)
+    except TypeError:
+        return float("inf")
+
+
 def pin_target(loader: Any) -> Any:
     """torch when batches can and should be pinned, else None (with torch's
     warnings when pinning was asked for but cannot happen)."""
@@ -152,6 +160,10 @@ class BaseIter:
             skip -= progress.sampler_step
         self._sampler_iter = iter(self._index_sampler)
         if self._map_style:
+            if progress.yielded >= _length_or_none(self._index_sampler):
+                # Every batch was delivered, only the StopIteration was not;
+                # the sampler's state already says "a new epoch next".
+                self._sampler_iter = iter(())
             for _ in range(skip):
                 next(self._sampler_iter, None)
         return progress

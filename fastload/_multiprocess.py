@@ -14,10 +14,12 @@ fastload_c/src/fl_proc.h): a result wakes it, and so does a worker's death.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import pickle
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NoReturn
 
 from fastload._iterator import BaseIter, WorkerProgress
 from fastload._state import sampler_state
@@ -31,8 +33,10 @@ from fastload_c import pack
 
 # Without SIGCHLD (forkserver workers are not our children) the waiting main
 # thread looks at its workers this often, well inside the 100 ms the user
-# is promised to hear of a death.
+# is promised to hear of a death. With SIGCHLD it still looks now and then,
+# in case a library replaced the handler after the workers started.
 DEATH_POLL_SECONDS = 0.05
+SIGCHLD_SAFETY_SECONDS = 1.0
 
 
 class _Task:
@@ -79,7 +83,8 @@ class MultiProcessingIter(BaseIter):
         elif not self._map_style:
             progress.workers = [WorkerProgress() for _ in range(loader.num_workers)]
         self._workers = WorkerGroup(loader, self._base_seed, progress.epoch, progress.workers)
-        self._begin_epoch()
+        with self._deaths_reported():
+            self._begin_epoch()
 
     def stats(self) -> LoaderStats:
         stats = self._stats
@@ -87,7 +92,7 @@ class MultiProcessingIter(BaseIter):
         stats.slots_leased = pool.leased
         stats.slots_free = pool.free_slots
         stats.pool_bytes = pool.nbytes
-        stats.ring_messages = sum(len(ring) for ring in self._workers.result_rings)
+        stats.ring_messages = sum(ring.count for ring in self._workers.result_rings)
         return stats
 
     def _shutdown(self) -> None:
@@ -121,8 +126,9 @@ class MultiProcessingIter(BaseIter):
         if not self._map_style:
             self._progress.workers = [WorkerProgress() for _ in range(self._workers.num_workers)]
         self._stale.update(self._tasks)
-        self._workers.reset(self._progress.epoch)
-        self._begin_epoch()
+        with self._deaths_reported():
+            self._workers.reset(self._progress.epoch)
+            self._begin_epoch()
 
     def _dispatch(self) -> None:
         """Send the next batch's task to the next active worker, if any."""
@@ -165,7 +171,19 @@ class MultiProcessingIter(BaseIter):
             if lease is not None:
                 return lease
 
+    @contextlib.contextmanager
+    def _deaths_reported(self) -> Iterator[None]:
+        """Turn the group's note of a dead worker into the user's error."""
+        try:
+            yield
+        except WorkerGroupDied as died:
+            self._raise_worker_died(died.worker_id, died.process)
+
     def _next_data(self) -> Any:
+        with self._deaths_reported():
+            return self._next_batch()
+
+    def _next_batch(self) -> Any:
         deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
         while True:
             task_id = self._next_ready()
@@ -235,23 +253,16 @@ class MultiProcessingIter(BaseIter):
                     handled = True
             if handled:
                 return
-            self._check_workers()
-            if deadline is None:
-                timeout = None if workers.sigchld else DEATH_POLL_SECONDS
-            else:
+            workers.raise_if_dead()
+            timeout = SIGCHLD_SAFETY_SECONDS if workers.sigchld else DEATH_POLL_SECONDS
+            if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
-                timeout = remaining if workers.sigchld else min(remaining, DEATH_POLL_SECONDS)
+                timeout = min(remaining, timeout)
             workers.doorbell.wait(seen, timeout)
 
-    def _check_workers(self) -> None:
-        try:
-            self._workers.raise_if_dead()
-        except WorkerGroupDied as died:
-            self._raise_worker_died(died.worker_id, died.process)
-
-    def _raise_worker_died(self, worker_id: int, process: Any) -> None:
+    def _raise_worker_died(self, worker_id: int, process: Any) -> NoReturn:
         held = sorted(t for t, task in self._tasks.items() if task.worker_id == worker_id)
         what = (f"while loading batch {held[0]} (indices {self._tasks[held[0]].index})"
                 if held else "while idle")

@@ -18,6 +18,10 @@ received, never what workers prefetched. It is made of:
   delivered batch, per worker (recorded in the worker right after it fetched
   that batch), plus the batches to skip since, which worker is next in the
   round robin, and which workers had run dry;
+* a sampler's state describes where its next iteration starts: once an
+  epoch has run out, a new epoch (the generator as it is then). A state
+  whose every batch was delivered (the StopIteration not yet seen) resumes
+  as an empty remainder of that epoch, by counting against len(sampler);
 * the base seed and epoch, so worker seeds and ``sample_rng()`` streams are
   the same after a resume, and the loader generator's state, so the epochs
   after it shuffle as they would have.

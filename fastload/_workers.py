@@ -97,7 +97,11 @@ class _Channels:
     def send_segment(self, seg_id: int, segment: Any, slot_size: int, nslots: int) -> None:
         # Segments made before the workers exist travel with their start.
         for worker_id, sock in enumerate(self.sockets):
-            socket.send_fds(sock, [b"s"], [segment.fd])
+            try:
+                socket.send_fds(sock, [b"s"], [segment.fd])
+            except OSError:
+                self.raise_if_dead()  # the usual reason: that worker is gone
+                raise
             self.send(worker_id, (SEGMENT, seg_id, segment.size))
 
     def retire_segment(self, seg_id: int) -> None:

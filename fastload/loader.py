@@ -352,11 +352,9 @@ class DataLoader(Generic[T_co]):
             # The saved epoch ran out, so the sampler is restored now rather
             # than at the next iter(): what the caller sets on it in between
             # (DistributedSampler.set_epoch for the next epoch) then applies
-            # on top, in the order the original run had. Draining it runs out
-            # the restored epoch, as it had run out there.
+            # on top, in the order the original run had. A sampler that ran
+            # out describes a new epoch next (NOTE [ Resume contract ]).
             self._index_sampler.load_state_dict(self._resume_state["sampler"])
-            for _ in self._index_sampler:
-                pass
 
     def __len__(self) -> int:
         if self._dataset_kind is DatasetKind.ITERABLE:

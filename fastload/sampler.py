@@ -72,7 +72,8 @@ class _EpochSampler(Sampler[int]):
     Subclasses define ``_epoch_chunks(rng)``.
 
     The position describes the most recently started iterator over this
-    sampler, which is the DataLoader's.
+    sampler, which is the DataLoader's; once that iterator has run out, the
+    state says that the next iteration starts a new epoch.
     """
 
     _generator: GeneratorArg = None
@@ -131,9 +132,9 @@ class _EpochSampler(Sampler[int]):
             self._done, self._chunk_len, self._current = done, len(items), current
             yield current
             done += len(items)
-        # The token stays: a state taken now describes this epoch, run out,
-        # so resuming from it yields nothing until the next iter().
-        self._done, self._chunk_len, self._current = done, 0, iter(())
+        # Run out: a state taken now says that the next iteration starts a
+        # new epoch (NOTE [ Resume contract ] in fastload._state).
+        self._token = None
 
     def __iter__(self) -> Iterator[int]:
         for current in self._item_iterators():

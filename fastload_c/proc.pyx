@@ -11,7 +11,8 @@ _registered = {}
 
 
 def install_sigchld_handler():
-    """Install the chaining SIGCHLD handler in this process (idempotent).
+    """Install the chaining SIGCHLD handler in this process (idempotent;
+    installed again if another handler replaced it).
 
     Raises OSError(EBUSY) when SIGCHLD is set to SIG_IGN (children reaped by
     the kernel), which fastload leaves as the user asked.

@@ -70,6 +70,7 @@ class Reversed(fl.Sampler):
         while self.done < len(order):
             self.done += 1
             yield order[self.done - 1]
+        self.done = 0  # run out: the next iteration starts from the top
 
     def __len__(self):
         return (self.n + 1) // 2
@@ -309,3 +310,18 @@ def test_resume_positions_match_torchdata(workers, shuffle):
     assert [len(b) for b in ours_rest] == [len(b) for b in ref_rest]
     for head, rest in ((ours_head, ours_rest), (ref_head, ref_rest)):
         assert sorted(sum(head + rest, [])) == data
+
+
+def test_state_before_the_first_batch_of_a_later_epoch():
+    make = lambda: fl.DataLoader(Augmented(), batch_size=4, generator=5,  # noqa: E731
+                                 sampler=fl.RandomSampler(range(N), generator=1))
+    want = epochs(make(), 2)[1]
+    loader = make()
+    list(loader)
+    it = iter(loader)
+    state = loader.state_dict()
+    del it
+    resumed = make()
+    list(resumed)  # the sampler object of a rebuilt loader starts elsewhere
+    resumed.load_state_dict(state)
+    assert [as_bytes(b) for b in resumed] == want

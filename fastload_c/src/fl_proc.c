@@ -12,7 +12,6 @@
 static fl_doorbell *doorbells[FL_PROC_MAX_DOORBELLS];
 static struct sigaction previous;
 static uint64_t sigchld_count;
-static int installed;
 /* Handlers running now; remove waits for it to drop to zero so that a
  * doorbell is never rung after its owner unmapped it. */
 static int handlers_running;
@@ -48,8 +47,13 @@ static void forget_doorbells_in_child(void)
 int fl_proc_install_sigchld(void)
 {
     static int atfork_registered;
-    struct sigaction action;
-    if (__atomic_load_n(&installed, __ATOMIC_ACQUIRE))
+    struct sigaction action, current;
+    /* Installed, and still ours? Someone may have replaced it since (torch's
+     * DataLoader installs its own with signal.signal): then install again,
+     * chaining to the newcomer. */
+    if (sigaction(SIGCHLD, NULL, &current) != 0)
+        return -1;
+    if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_sigchld)
         return 0;
     if (!atfork_registered) {
         int rc = pthread_atfork(NULL, NULL, forget_doorbells_in_child);
@@ -72,7 +76,6 @@ int fl_proc_install_sigchld(void)
         errno = EBUSY;
         return -1;
     }
-    __atomic_store_n(&installed, 1, __ATOMIC_RELEASE);
     return 0;
 }
 

@@ -23,7 +23,8 @@
 
 #define FL_PROC_MAX_DOORBELLS 64
 
-/* Install the handler once per process (idempotent). 0, or -1 with errno. */
+/* Install the handler (idempotent while it stays installed; installed again,
+ * chaining, when another handler replaced it). 0, or -1 with errno. */
 int fl_proc_install_sigchld(void);
 
 /* Register a doorbell to ring on SIGCHLD. -1 with ENOSPC when all
