@@ -1,19 +1,19 @@
-"""The multi-node guide (docs/multinode.md): its code blocks are valid, and
-its train.py runs on two ranks under torchrun and under srun's variables."""
+"""The README's multi-node section: its code blocks are valid, and its
+train.py runs on two ranks under torchrun and under srun's variables."""
 import subprocess
 import sys
 
 import pytest
 
-from _launch import REPO, clean_env, finish, free_port
+from _launch import clean_env, finish, free_port
+from _readme import MULTINODE, README_PATH, sections
+from _readme import code_blocks as blocks_of
 
-GUIDE = REPO / "docs" / "multinode.md"
+GUIDE = README_PATH
 
 
 def code_blocks(language):
-    text = GUIDE.read_text()
-    blocks = text.split("```" + language + "\n")[1:]
-    return [block.split("```", 1)[0] for block in blocks]
+    return blocks_of(sections()[MULTINODE], language)
 
 
 def test_guide_code_blocks_are_valid():

@@ -1,6 +1,7 @@
 """Every code block of the README runs: the Python ones as they are, the shell
 ones by checking that what they name exists (running `pip install` or the
-whole CI from inside the suite would recurse)."""
+whole CI from inside the suite would recurse). The multi-node section's
+blocks are run under torchrun by test_multinode_guide.py."""
 import pathlib
 import re
 import subprocess
@@ -10,11 +11,12 @@ import pytest
 
 tomllib = pytest.importorskip("tomllib", reason="reads pyproject.toml with Python 3.11's tomllib")
 
+from _readme import MULTINODE, code_blocks, sections
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
-BLOCKS = re.findall(r"```(\w+)\n(.*?)```", README, re.DOTALL)
-PYTHON = [code for lang, code in BLOCKS if lang == "python"]
-SHELL = [code for lang, code in BLOCKS if lang == "bash"]
+RUN_HERE = "".join(text for title, text in sections().items() if title != MULTINODE)
+PYTHON = code_blocks(RUN_HERE, "python")
+SHELL = code_blocks(RUN_HERE, "bash")
 
 
 def test_readme_has_its_blocks():
