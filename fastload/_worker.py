@@ -351,7 +351,11 @@ def worker_main(config: dict[str, Any], task_ring: Any, result_ring: Any,
     set_worker_info(WorkerInfo(id=worker_id, num_workers=config["num_workers"], seed=seed,
                                dataset=config["dataset"]))
     worker = _Worker(config, task_ring, result_ring, segment_socket)
-    worker.segments.update(segments)
+    # Under fork, ``segments`` are the parent's own Segment objects, which
+    # the parent's slab pool (inherited too) holds buffer views of: a RETIRE
+    # could never unmap them. The worker maps each one itself instead.
+    worker.segments.update({segment_id: Segment.attach(os.dup(segment.fd), segment.size)
+                            for segment_id, segment in segments.items()})
     try:
         if config["worker_init_fn"] is not None:
             config["worker_init_fn"](worker_id)

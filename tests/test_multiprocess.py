@@ -209,6 +209,19 @@ def test_persistent_workers_survive_epochs_and_reshuffle():
     assert pids1 == pids2 and len(pids1) == 2
 
 
+@pytest.mark.parametrize("method", START_METHODS)
+def test_persistent_workers_outgrow_their_first_slots(method):
+    # 2 MiB batches outgrow the pool's first slots: the pool retires the
+    # segment the workers started with, and they must unmap it (under fork
+    # it once was the parent's own object, held by the inherited pool).
+    x = np.arange(64 * 32768, dtype=np.float32).reshape(64, 32768)
+    loader = fl.DataLoader(fl.ArrayDataset(x), batch_size=16, num_workers=2,
+                           multiprocessing_context=method, persistent_workers=True)
+    for _ in range(3):
+        got = np.concatenate([b[0] for b in loader])
+        assert got.tobytes() == x.tobytes()
+
+
 class Slow(fl.Dataset):
     def __init__(self, delay):
         self.delay = delay
