@@ -1,6 +1,8 @@
 """num_workers > 0: torch's semantics over rings and slabs."""
 import collections
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -220,6 +222,40 @@ def test_persistent_workers_outgrow_their_first_slots(method):
     for _ in range(3):
         got = np.concatenate([b[0] for b in loader])
         assert got.tobytes() == x.tobytes()
+
+
+WORKER_PAGE_FAULTS = """
+import numpy as np, fastload as fl
+
+class Fresh(fl.Dataset):  # a new 48 KiB array per sample, as augmentations make
+    def __len__(self):
+        return 256
+    def __getitem__(self, i):
+        return np.full((3, 64, 64), i, np.float32) * 2
+
+loader = fl.DataLoader(Fresh(), batch_size=64, num_workers=1, persistent_workers=True)
+for batch in loader:  # the first epoch maps the slots and grows the heap
+    pass
+it = iter(loader)
+stat = f"/proc/{it.worker_pids[0]}/stat"
+before = int(open(stat).read().split()[9])
+for batch in it:
+    pass
+print(int(open(stat).read().split()[9]) - before)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_workers_keep_their_heap_between_batches():
+    # NOTE [ Worker heap ]: in a fresh interpreter, whose malloc thresholds
+    # are glibc's defaults, a worker used to fault in each sample's 12 pages
+    # again every batch: 3000 faults for this epoch.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    proc = subprocess.run([sys.executable, "-c", WORKER_PAGE_FAULTS], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) < 256  # under one fault per sample
 
 
 class Slow(fl.Dataset):
