@@ -1,0 +1,109 @@
+"""The loaders the benchmark compares, each built over a workload's dataset.
+
+A contender is a function ``(dataset, batch_size, workers) -> loader`` whose
+loader yields one shuffled epoch per ``iter()`` and keeps its worker
+processes between epochs (persistent workers).
+"""
+from __future__ import annotations
+
+import multiprocessing
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from fastload.loader import DataLoader
+
+# Batches in flight per worker, as torch's and fastload's default prefetch_factor.
+PREFETCH = 2
+
+# The dataset of the python-mp workers, inherited through fork.
+_pool_dataset: Any = None
+
+
+def _set_pool_dataset(dataset: Any) -> None:
+    global _pool_dataset
+    _pool_dataset = dataset
+
+
+def stack_batch(dataset: Any, indices: list[int]) -> tuple[np.ndarray, ...]:
+    """What a loader without batched fetching or shared memory does: one
+    ``dataset[i]`` per sample, then ``np.stack`` per field."""
+    samples = [dataset[i] for i in indices]
+    return tuple(np.stack(field) for field in zip(*samples))
+
+
+def _stack_in_pool(indices: list[int]) -> tuple[np.ndarray, ...]:
+    return stack_batch(_pool_dataset, indices)
+
+
+class PoolLoader:
+    """The pure-Python multiprocessing baseline: a ``multiprocessing.Pool``
+    whose tasks fetch a batch's samples and return the stacked batch, pickled
+    back through the pool's pipe; ``PREFETCH`` tasks per worker in flight.
+    Without workers, the same fetch in this process."""
+
+    def __init__(self, dataset: Any, batch_size: int, workers: int) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.workers = workers
+        self.rng = np.random.default_rng(0)
+        self.pending: deque[Any] = deque()  # results of the tasks in flight
+        self.pool = (multiprocessing.get_context("fork").Pool(
+            workers, initializer=_set_pool_dataset, initargs=(dataset,)) if workers else None)
+
+    def _batches(self) -> Iterator[list[int]]:
+        order = self.rng.permutation(len(self.dataset))
+        for start in range(0, len(order), self.batch_size):
+            yield order[start:start + self.batch_size].tolist()
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, ...]]:
+        if self.pool is None:
+            for indices in self._batches():
+                yield stack_batch(self.dataset, indices)
+            return
+        pending = self.pending
+        for indices in self._batches():
+            pending.append(self.pool.apply_async(_stack_in_pool, (indices,)))
+            if len(pending) >= PREFETCH * self.workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+    def close(self) -> None:
+        """Let the tasks in flight finish, then stop the pool. (Pool.terminate
+        with tasks in flight can deadlock on the task queue's lock.)"""
+        if self.pool is not None:
+            for result in self.pending:
+                result.wait()
+            self.pool.close()
+            self.pool.join()
+
+
+def fastload_loader(dataset: Any, batch_size: int, workers: int) -> Any:
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True,
+                      num_workers=workers, persistent_workers=workers > 0)
+
+
+def torch_loader(dataset: Any, batch_size: int, workers: int) -> Any:
+    from torch.utils.data import DataLoader as TorchDataLoader
+
+    return TorchDataLoader(dataset, batch_size=batch_size, shuffle=True,
+                           num_workers=workers, persistent_workers=workers > 0)
+
+
+def python_mp_loader(dataset: Any, batch_size: int, workers: int) -> Any:
+    return PoolLoader(dataset, batch_size, workers)
+
+
+CONTENDERS: dict[str, Callable[[Any, int, int], Any]] = {
+    "fastload": fastload_loader,
+    "torch": torch_loader,
+    "python-mp": python_mp_loader,
+}
+# The contenders fastload is compared with, in the table's ratio columns.
+BASELINES = ("torch", "python-mp")
+# Not a loader: np.copyto of each batch's bytes, the bandwidth ceiling of
+# the bandwidth-bound workloads.
+MEMCPY = "memcpy"

@@ -1,0 +1,142 @@
+"""One measurement, in the fresh process the runner starts for it.
+
+    python -m fastload._bench.measure SPEC_JSON RESULT_PATH
+
+SPEC_JSON names the workload, the contender, the number of workers and the
+duration; the result is written as JSON to RESULT_PATH. The process builds
+the workload's arrays, then times:
+
+* the first batch of a new loader, its workers started fresh;
+* every later epoch's first batch, the workers kept (persistent workers);
+* the rate of everything after the first batch, across epochs, until the
+  duration has passed and at least ``NEXT_EPOCHS`` later epochs have begun.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from fastload._bench.contenders import CONTENDERS, MEMCPY
+from fastload._bench.workloads import WORKLOADS
+
+# Later epochs whose first batch is timed, at the least.
+NEXT_EPOCHS = 2
+
+
+def batch_samples(batch: Any) -> int:
+    return len(batch[0])
+
+
+def batch_bytes(batch: Any) -> int:
+    """Bytes of a batch's arrays (numpy arrays and torch tensors alike)."""
+    return sum(int(leaf.nbytes) for leaf in batch)
+
+
+def tree_pss() -> int | None:
+    """PSS of this process and its descendants, in bytes; None without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    me = psutil.Process()
+    total = 0
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            total += process.memory_full_info().pss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def time_loader(loader: Any, duration: float) -> dict[str, Any]:
+    started = time.perf_counter()
+    batches = iter(loader)
+    first = next(batches)
+    first_at = time.perf_counter()
+    samples, epochs = 0, 1
+    next_epoch: list[float] = []
+    last = first_at
+    while True:
+        for batch in batches:
+            samples += batch_samples(batch)
+            last = time.perf_counter()
+            if last - first_at >= duration and len(next_epoch) >= NEXT_EPOCHS:
+                break
+        else:
+            begun = time.perf_counter()
+            batches = iter(loader)
+            batch = next(batches)
+            last = time.perf_counter()
+            next_epoch.append(last - begun)
+            samples += batch_samples(batch)
+            epochs += 1
+            continue
+        break
+    return {
+        "first_batch_s": first_at - started,
+        "next_epoch_first_batch_s": statistics.median(next_epoch),
+        "samples": samples,
+        "seconds": last - first_at,
+        "epochs": epochs,
+        "bytes_per_sample": batch_bytes(first) / batch_samples(first),
+    }
+
+
+def time_memcpy(arrays: tuple[np.ndarray, ...], size: int, duration: float) -> dict[str, Any]:
+    """np.copyto of each batch's bytes from the source arrays, batch after
+    batch through them: the bandwidth a loader moving those bytes could reach."""
+    targets = [np.empty((size, *a.shape[1:]), a.dtype) for a in arrays]
+    starts = range(0, len(arrays[0]) - size + 1, size)
+    samples = 0
+    began = time.perf_counter()
+    while time.perf_counter() - began < duration:
+        for start in starts:
+            for source, target in zip(arrays, targets):
+                np.copyto(target, source[start:start + size])
+            samples += size
+    seconds = time.perf_counter() - began
+    return {"samples": samples, "seconds": seconds,
+            "bytes_per_sample": sum(t.nbytes for t in targets) / size}
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """Build the workload and time the contender ``spec`` names over it."""
+    workload = WORKLOADS[spec["workload"]]
+    contender = spec["contender"]
+    batch_size = spec.get("batch_size") or workload.batch_size
+    arrays = workload.make_arrays()
+    if contender == MEMCPY:
+        result = time_memcpy(arrays, batch_size, spec["duration"])
+        result["baseline_pss"] = tree_pss()
+    else:
+        dataset = workload.dataset(contender, arrays)
+        loader = CONTENDERS[contender](dataset, batch_size, spec["workers"])
+        gc.collect()
+        baseline = tree_pss()
+        result = time_loader(loader, spec["duration"])
+        result["baseline_pss"] = baseline
+        close = getattr(loader, "close", None)
+        if close is not None:
+            close()
+    result["samples_per_s"] = result["samples"] / result["seconds"]
+    result["mb_per_s"] = result["samples_per_s"] * result["bytes_per_sample"] / 1e6
+    result["pid"] = os.getpid()
+    return result
+
+
+def main() -> None:
+    spec, result_path = json.loads(sys.argv[1]), sys.argv[2]
+    result = measure(spec)
+    with open(result_path, "w") as out:
+        json.dump(result, out)
+
+
+if __name__ == "__main__":
+    main()

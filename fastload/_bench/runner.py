@@ -1,0 +1,256 @@
+"""Runs the benchmark matrix: every measurement in a fresh process.
+
+Each (workload, contender, workers) measurement runs in its own process
+(``fastload._bench.measure``), so contenders never share caches, allocators
+or imported modules. Within a repeat the contenders of one (workload,
+workers) cell run back to back, their order rotated from cell to cell and
+repeat to repeat, so that drifting load from the rest of the machine hits
+them alike. While a measurement runs, this process samples the PSS of the
+measuring process tree (with psutil, when installed). Medians are taken over
+repeats; a ratio is the median of the per-repeat ratios, each taken between
+measurements that ran next to each other.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import fastload
+from fastload._bench.contenders import BASELINES, CONTENDERS, MEMCPY
+from fastload._bench.workloads import WORKLOADS
+
+# How often the peak memory of a measuring process tree is sampled.
+MEMORY_SAMPLE_SECONDS = 0.05
+# A measurement gets this long beyond its duration before it counts as hung.
+GRACE_SECONDS = 60.0
+# The numbers every measurement reports; medians of them make the summary.
+METRICS = ("samples_per_s", "mb_per_s", "first_batch_s", "next_epoch_first_batch_s",
+           "peak_pss", "baseline_pss")
+
+
+@dataclass
+class Plan:
+    """What to measure."""
+
+    workloads: list[str]
+    contenders: list[str]
+    workers: list[int]
+    duration: float = 1.0
+    repeats: int = 1
+    memory: bool = True
+    # None: each workload's own batch size.
+    batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        unknown = [w for w in self.workloads if w not in WORKLOADS]
+        unknown += [c for c in self.contenders if c not in CONTENDERS]
+        if unknown:
+            raise ValueError(f"unknown workload or contender: {', '.join(unknown)}; "
+                             f"workloads are {', '.join(WORKLOADS)}, "
+                             f"contenders {', '.join(CONTENDERS)}")
+        if any(w < 0 for w in self.workers) or not self.workers:
+            raise ValueError(f"workers must be non-negative counts, got {self.workers}")
+        if self.duration <= 0 or self.repeats < 1:
+            raise ValueError("duration must be positive and repeats at least 1")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch size must be positive, got {self.batch_size}")
+
+
+@dataclass
+class Outcome:
+    """Every measurement taken, the contenders left out and why, and what
+    ran them."""
+
+    plan: Plan
+    measurements: list[dict[str, Any]] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+
+
+def environment() -> dict[str, Any]:
+    """Versions and machine facts to print beside the numbers."""
+    found: dict[str, Any] = {
+        "python": platform.python_version(), "numpy": np.__version__,
+        "fastload": fastload.__version__, "machine": platform.machine(),
+        "cpus": len(os.sched_getaffinity(0)),
+    }
+    for name in ("torch", "psutil"):
+        if importlib.util.find_spec(name) is not None:
+            found[name] = __import__(name).__version__
+    return found
+
+
+def schedule(plan: Plan, contenders: list[str]) -> list[dict[str, Any]]:
+    """The measurements in the order they run (see the module docstring)."""
+    specs = []
+    cell_number = 0
+    for repeat in range(plan.repeats):
+        for name in plan.workloads:
+            cells = [(w, contenders) for w in plan.workers]
+            if WORKLOADS[name].bandwidth_bound:
+                cells.append((0, [MEMCPY]))
+            for workers, names in cells:
+                shift = cell_number % len(names)
+                cell_number += 1
+                for contender in names[shift:] + names[:shift]:
+                    specs.append({"workload": name, "contender": contender,
+                                  "workers": workers, "duration": plan.duration,
+                                  "batch_size": plan.batch_size, "repeat": repeat})
+    return specs
+
+
+def _package_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(fastload.__file__)))
+
+
+def _tree_pss(pid: int) -> int | None:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return None
+    total = 0
+    for process in processes:
+        try:
+            total += process.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total
+
+
+def run_one(spec: dict[str, Any], memory: bool) -> dict[str, Any]:
+    """Run one measurement in a fresh process; its result, with the peak
+    PSS seen when ``memory``. Raises RuntimeError when it fails or hangs."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_root(), env.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory(prefix="fastload-bench-") as tmp:
+        result_path = os.path.join(tmp, "result.json")
+        log_path = os.path.join(tmp, "log")
+        with open(log_path, "wb") as log:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "fastload._bench.measure", json.dumps(spec), result_path],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                start_new_session=True)
+        peak = None
+        deadline = time.monotonic() + spec["duration"] * 10 + GRACE_SECONDS
+        try:
+            while True:
+                try:
+                    child.wait(MEMORY_SAMPLE_SECONDS)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if memory:
+                    pss = _tree_pss(child.pid)
+                    if pss is not None:
+                        peak = pss if peak is None else max(peak, pss)
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{describe(spec)} hung; killed")
+        finally:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)  # the child and its workers
+                child.wait()
+        if child.returncode != 0:
+            with open(log_path, errors="replace") as log:
+                tail = log.read()[-2000:]
+            raise RuntimeError(f"{describe(spec)} exited with code {child.returncode}:\n{tail}")
+        with open(result_path) as result_file:
+            result = json.load(result_file)
+    result.update(spec)
+    result["peak_pss"] = peak
+    return result
+
+
+def describe(spec: dict[str, Any]) -> str:
+    return f"{spec['workload']} {spec['contender']} workers={spec['workers']}"
+
+
+def run(plan: Plan, progress: Callable[[int, int, str], None] | None = None) -> Outcome:
+    """Take every measurement of ``plan``; ``progress(done, total, label)``
+    is called before each one and once at the end."""
+    outcome = Outcome(plan, environment=environment())
+    contenders = list(plan.contenders)
+    if "torch" in contenders and importlib.util.find_spec("torch") is None:
+        contenders.remove("torch")
+        outcome.skipped["torch"] = "torch is not installed"
+    memory = plan.memory and importlib.util.find_spec("psutil") is not None
+    if plan.memory and not memory:
+        outcome.skipped["memory"] = "psutil is not installed: peak memory not measured"
+    specs = schedule(plan, contenders)
+    for done, spec in enumerate(specs):
+        if progress is not None:
+            progress(done, len(specs), describe(spec))
+        try:
+            outcome.measurements.append(run_one(spec, memory))
+        except RuntimeError as exc:
+            outcome.failures.append(str(exc))
+    if progress is not None:
+        progress(len(specs), len(specs), "done")
+    return outcome
+
+
+def _key(measurement: dict[str, Any]) -> tuple[str, str, int]:
+    return measurement["workload"], measurement["contender"], measurement["workers"]
+
+
+def _median(values: list[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def paired_ratio(measurements: list[dict[str, Any]], numerator: tuple[str, str, int],
+                 denominator: tuple[str, str, int], metric: str = "samples_per_s") -> float | None:
+    """Median over repeats of ``metric`` of one (workload, contender,
+    workers) over another's, each ratio within one repeat; None when either
+    was not measured."""
+    by_repeat: dict[int, dict[tuple[str, str, int], float]] = {}
+    for m in measurements:
+        if m.get(metric) is not None:
+            by_repeat.setdefault(m["repeat"], {})[_key(m)] = m[metric]
+    ratios = [values[numerator] / values[denominator] for values in by_repeat.values()
+              if numerator in values and values.get(denominator)]
+    return statistics.median(ratios) if ratios else None
+
+
+def summarize(outcome: Outcome) -> list[dict[str, Any]]:
+    """One row per (workload, contender, workers): the medians of every
+    metric, the ratio of samples/s to each baseline at the same number of
+    workers, and for bandwidth-bound workloads the share of memcpy's MB/s."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for m in outcome.measurements:
+        groups.setdefault(_key(m), []).append(m)
+    rows = []
+    for key, group in groups.items():
+        workload, contender, workers = key
+        row: dict[str, Any] = {"workload": workload, "contender": contender,
+                               "workers": workers, "repeats": len(group)}
+        for metric in METRICS:
+            row[metric] = _median([m.get(metric) for m in group])
+        if contender != MEMCPY:
+            row["ratios"] = {
+                baseline: paired_ratio(outcome.measurements, key, (workload, baseline, workers))
+                for baseline in BASELINES if baseline != contender}
+            if WORKLOADS[workload].bandwidth_bound:
+                row["memcpy_share"] = paired_ratio(outcome.measurements, key,
+                                                   (workload, MEMCPY, 0), "mb_per_s")
+        rows.append(row)
+    order = {name: i for i, name in enumerate([*CONTENDERS, MEMCPY])}
+    rows.sort(key=lambda r: (list(WORKLOADS).index(r["workload"]), r["workers"],
+                             order[r["contender"]]))
+    return rows

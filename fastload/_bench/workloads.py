@@ -1,0 +1,123 @@
+"""The synthetic workloads of the end-to-end benchmark (issue 5).
+
+Each workload makes its source arrays, then the dataset a contender loads
+them through. Every contender does the same work per sample: the array
+workloads index the same arrays, and the augmenting dataset draws its crop
+and flip from a generator made per sample, from ``fastload.sample_rng()``
+under fastload and from a numpy Generator seeded by the index elsewhere.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fastload._sample_rng import sample_rng
+from fastload.dataset import ArrayDataset
+
+# The augmenting dataset crops CROP x CROP out of SOURCE x SOURCE images.
+SOURCE = 72
+CROP = 64
+# ImageNet's channel statistics, the usual normalisation.
+MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32).reshape(3, 1, 1)
+STD = np.array([0.229, 0.224, 0.225], dtype=np.float32).reshape(3, 1, 1)
+
+
+def _fastload_rng(index: int) -> np.random.Generator:
+    return sample_rng()
+
+
+def _index_rng(index: int) -> np.random.Generator:
+    return np.random.default_rng(index)
+
+
+class AugmentDataset:
+    """A map-style dataset doing per-sample Python work: random crop, random
+    horizontal flip, normalisation to float32."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray,
+                 rng_for: Callable[[int], np.random.Generator]) -> None:
+        self.images = images
+        self.labels = labels
+        self.rng_for = rng_for
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.int64]:
+        rng = self.rng_for(index)
+        top, left = rng.integers(0, SOURCE - CROP + 1, size=2)
+        crop = self.images[index, :, top:top + CROP, left:left + CROP]
+        if rng.random() < 0.5:
+            crop = crop[:, :, ::-1]
+        image = (crop.astype(np.float32) * np.float32(1 / 255) - MEAN) / STD
+        return image, self.labels[index]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A benchmark workload: its source arrays and how each contender sees them."""
+
+    name: str
+    description: str
+    batch_size: int
+    make_arrays: Callable[[], tuple[np.ndarray, ...]]
+    # Whether the loader's work is moving bytes: then memcpy of the same
+    # bytes is measured beside it as the bandwidth ceiling.
+    bandwidth_bound: bool = False
+    augment: bool = False
+
+    def dataset(self, contender: str, arrays: tuple[np.ndarray, ...]) -> Any:
+        """The dataset ``contender`` loads: fastload's ArrayDataset, torch's
+        TensorDataset, or the augmenting dataset with the contender's way of
+        drawing per-sample randomness."""
+        if self.augment:
+            images, labels = arrays
+            return AugmentDataset(images, labels,
+                                  _fastload_rng if contender == "fastload" else _index_rng)
+        if contender == "torch":
+            import torch
+            from torch.utils.data import TensorDataset
+
+            return TensorDataset(*(torch.from_numpy(a) for a in arrays))
+        return ArrayDataset(*arrays)
+
+
+def _labels(count: int) -> np.ndarray:
+    return np.random.default_rng(1).integers(0, 1000, count, dtype=np.int64)
+
+
+def _rows() -> tuple[np.ndarray, ...]:
+    count = 65536
+    features = np.random.default_rng(0).standard_normal((count, 64), dtype=np.float32)
+    return features, _labels(count)
+
+
+def _images() -> tuple[np.ndarray, ...]:
+    count = 4096
+    images = np.random.default_rng(0).integers(0, 256, (count, 3, 64, 64), dtype=np.uint8)
+    return images, _labels(count)
+
+
+def _augment_sources() -> tuple[np.ndarray, ...]:
+    count = 2048
+    images = np.random.default_rng(0).integers(0, 256, (count, 3, SOURCE, SOURCE),
+                                               dtype=np.uint8)
+    return images, _labels(count)
+
+
+def _large() -> tuple[np.ndarray, ...]:
+    # 128 MiB, far past any cache; filled, so no page is the shared zero page.
+    return (np.full((128, 512, 512), 0.5, dtype=np.float32),)
+
+
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (
+    Workload("rows", "65536 rows of 64 float32 + int64 label", 256, _rows),
+    Workload("images", "4096 uint8 images 3x64x64 + int64 label", 128, _images),
+    Workload("augment", "random crop 64 of 72, flip, normalise, per sample in Python", 128,
+             _augment_sources, augment=True),
+    Workload("large", "128 samples of float32 512x512 (1 MiB)", 32, _large,
+             bandwidth_bound=True),
+)}
