@@ -1,6 +1,7 @@
-"""``python -m fastload``: benchmark the loader on this machine.
+"""``python -m fastload``: benchmark the loader on this machine, or check it.
 
     python -m fastload bench [--workloads rows,images] [--workers 0,2] [--json F] [--plot F.png]
+    python -m fastload doctor [--json]
 """
 from __future__ import annotations
 
@@ -57,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", metavar="FILE.png",
                        help="draw a bar chart of samples/s (needs matplotlib)")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
+    doctor = commands.add_parser(
+        "doctor", help="check what decides fastload's speed and safety on this machine")
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
     return parser
 
 
@@ -86,7 +90,11 @@ def _bench(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default sys.argv[1:]); the exit code."""
     args = _parser().parse_args(argv)
-    return _bench(args)
+    if args.command == "bench":
+        return _bench(args)
+    from fastload import _doctor
+
+    return _doctor.main(as_json=args.json)
 
 
 if __name__ == "__main__":
