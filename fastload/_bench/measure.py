@@ -14,6 +14,7 @@ the workload's arrays, then times:
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import os
 import statistics
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from fastload._bench.contenders import CONTENDERS, MEMCPY
+from fastload._bench.memory import tree_memory
 from fastload._bench.workloads import WORKLOADS
 
 # Later epochs whose first batch is timed, at the least.
@@ -39,20 +41,13 @@ def batch_bytes(batch: Any) -> int:
     return sum(int(leaf.nbytes) for leaf in batch)
 
 
-def tree_pss() -> int | None:
-    """PSS of this process and its descendants, in bytes; None without psutil."""
-    try:
-        import psutil
-    except ImportError:
-        return None
-    me = psutil.Process()
-    total = 0
-    for process in [me, *me.children(recursive=True)]:
-        try:
-            total += process.memory_full_info().pss
-        except psutil.NoSuchProcess:
-            pass
-    return total
+def tree_memory_now() -> dict[str, int]:
+    """This process tree's memory as ``baseline_pss``/``baseline_charged``
+    (empty without psutil)."""
+    if importlib.util.find_spec("psutil") is None:
+        return {}
+    seen = tree_memory(os.getpid()) or {}
+    return {f"baseline_{kind}": size for kind, size in seen.items()}
 
 
 def time_loader(loader: Any, duration: float) -> dict[str, Any]:
@@ -114,14 +109,14 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     arrays = workload.make_arrays()
     if contender == MEMCPY:
         result = time_memcpy(arrays, batch_size, spec["duration"])
-        result["baseline_pss"] = tree_pss()
+        result.update(tree_memory_now())
     else:
         dataset = workload.dataset(contender, arrays)
         loader = CONTENDERS[contender](dataset, batch_size, spec["workers"])
         gc.collect()
-        baseline = tree_pss()
+        baseline = tree_memory_now()
         result = time_loader(loader, spec["duration"])
-        result["baseline_pss"] = baseline
+        result.update(baseline)
         close = getattr(loader, "close", None)
         if close is not None:
             close()

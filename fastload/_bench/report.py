@@ -47,7 +47,8 @@ def table(outcome: Outcome) -> str:
     """The summary as a text table, with the versions and any notes."""
     rows = summarize(outcome)
     header = ["workload", "contender", "workers", "samples/s", "MB/s", "first batch ms",
-              "next epoch ms", "peak MiB", *(f"vs {b}" for b in BASELINES), "of memcpy"]
+              "next epoch ms", "peak PSS MiB", "charged MiB", *(f"vs {b}" for b in BASELINES),
+              "of memcpy"]
     body = []
     for row in rows:
         ratios = row.get("ratios", {})
@@ -55,7 +56,7 @@ def table(outcome: Outcome) -> str:
             row["workload"], row["contender"], str(row["workers"]),
             _number(row["samples_per_s"]), _number(row["mb_per_s"], digits=1),
             _number(row["first_batch_s"], 1e3, 2), _number(row["next_epoch_first_batch_s"], 1e3, 2),
-            _number(row["peak_pss"], 2 ** -20, 1),
+            _number(row["peak_pss"], 2 ** -20, 1), _number(row["peak_charged"], 2 ** -20, 1),
             *(_ratio(ratios.get(b)) for b in BASELINES),
             "-" if row.get("memcpy_share") is None else f"{row['memcpy_share']:.0%}",
         ])
@@ -69,6 +70,8 @@ def table(outcome: Outcome) -> str:
         " ".join(f"{k}={v}" for k, v in outcome.environment.items()),
         f"{plan.duration:g} s per measurement, median of {plan.repeats} repeat(s); "
         "ratios are of samples/s at the same number of workers",
+        "memory is the peak of the process tree: PSS, and charged (PSS outside shared "
+        "memory plus each shared-memory object at its allocated size)",
     ]
     notes += [f"skipped {name}: {why}" for name, why in outcome.skipped.items()]
     notes += [f"FAILED: {failure}" for failure in outcome.failures]

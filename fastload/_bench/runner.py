@@ -30,6 +30,7 @@ import numpy as np
 
 import fastload
 from fastload._bench.contenders import BASELINES, CONTENDERS, MEMCPY
+from fastload._bench.memory import tree_memory
 from fastload._bench.workloads import WORKLOADS
 
 # How often the peak memory of a measuring process tree is sampled.
@@ -37,8 +38,13 @@ MEMORY_SAMPLE_SECONDS = 0.05
 # A measurement gets this long beyond its duration before it counts as hung.
 GRACE_SECONDS = 60.0
 # The numbers every measurement reports; medians of them make the summary.
+# Memory is PSS and "charged" memory (see fastload._bench.memory): the peak
+# over the measurement, the baseline just before the loader started, and the
+# difference, what the loader added to the data and the imports (torch's
+# are large).
 METRICS = ("samples_per_s", "mb_per_s", "first_batch_s", "next_epoch_first_batch_s",
-           "peak_pss", "baseline_pss")
+           "peak_pss", "baseline_pss", "loader_pss",
+           "peak_charged", "baseline_charged", "loader_charged")
 
 
 @dataclass
@@ -117,23 +123,6 @@ def _package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(fastload.__file__)))
 
 
-def _tree_pss(pid: int) -> int | None:
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return None
-    total = 0
-    for process in processes:
-        try:
-            total += process.memory_full_info().pss
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return total
-
-
 def run_one(spec: dict[str, Any], memory: bool) -> dict[str, Any]:
     """Run one measurement in a fresh process; its result, with the peak
     PSS seen when ``memory``. Raises RuntimeError when it fails or hangs."""
@@ -147,7 +136,7 @@ def run_one(spec: dict[str, Any], memory: bool) -> dict[str, Any]:
                 [sys.executable, "-m", "fastload._bench.measure", json.dumps(spec), result_path],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                 start_new_session=True)
-        peak = None
+        peak: dict[str, int] = {}
         deadline = time.monotonic() + spec["duration"] * 10 + GRACE_SECONDS
         try:
             while True:
@@ -156,10 +145,9 @@ def run_one(spec: dict[str, Any], memory: bool) -> dict[str, Any]:
                     break
                 except subprocess.TimeoutExpired:
                     pass
-                if memory:
-                    pss = _tree_pss(child.pid)
-                    if pss is not None:
-                        peak = pss if peak is None else max(peak, pss)
+                seen = tree_memory(child.pid) if memory else None
+                for kind, size in (seen or {}).items():
+                    peak[kind] = max(peak.get(kind, 0), size)
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{describe(spec)} hung; killed")
         finally:
@@ -173,7 +161,10 @@ def run_one(spec: dict[str, Any], memory: bool) -> dict[str, Any]:
         with open(result_path) as result_file:
             result = json.load(result_file)
     result.update(spec)
-    result["peak_pss"] = peak
+    for kind in ("pss", "charged"):
+        top, baseline = peak.get(kind), result.get(f"baseline_{kind}")
+        result[f"peak_{kind}"] = top
+        result[f"loader_{kind}"] = None if top is None or baseline is None else top - baseline
     return result
 
 
