@@ -55,7 +55,10 @@ def test_bench_measures_every_contender_and_writes_json(tiny_bench):
             assert row["ratios"][baseline] == pytest.approx(expected)
     if not HAS_TORCH:
         assert data["skipped"]["torch"] == "torch is not installed"
-    assert data["environment"]["cpus"] >= 1
+    environment = data["environment"]
+    assert environment["cpus"] >= 1
+    for moment in ("before", "after"):
+        assert 0 < environment[f"cpu_capacity_{moment}"] <= environment["cpus"] * 1.5
     assert len(data["measurements"]) == len(rows)
     pids = {m["pid"] for m in data["measurements"]}
     assert len(pids) == len(rows)  # one fresh process per measurement

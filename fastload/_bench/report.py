@@ -72,6 +72,8 @@ def table(outcome: Outcome) -> str:
         "ratios are of samples/s at the same number of workers",
         "memory is the peak of the process tree: PSS, and charged (PSS outside shared "
         "memory plus each shared-memory object at its allocated size)",
+        "cpu_capacity: CPUs' worth of work one busy process per CPU got, before and after; "
+        "below the CPU count, other programs held CPUs and capped every speed-up",
     ]
     notes += [f"skipped {name}: {why}" for name, why in outcome.skipped.items()]
     notes += [f"FAILED: {failure}" for failure in outcome.failures]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import multiprocessing
 import os
 import platform
 import signal
@@ -100,6 +101,24 @@ def environment() -> dict[str, Any]:
     return found
 
 
+def _spin(count: int) -> float:
+    started = time.perf_counter()
+    while count:
+        count -= 1
+    return time.perf_counter() - started
+
+
+def cpu_capacity(spins: int = 2_000_000) -> float:
+    """How many CPUs' worth of pure-Python work this process's CPUs give now,
+    one busy process per CPU: their number on an idle machine, less while
+    other programs hold some of them. Parallel speed-ups are capped by it."""
+    cpus = len(os.sched_getaffinity(0))
+    alone = _spin(spins)
+    with multiprocessing.get_context("fork").Pool(cpus) as pool:
+        together = pool.map(_spin, [spins] * cpus)
+    return cpus * alone / max(together)
+
+
 def schedule(plan: Plan, contenders: list[str]) -> list[dict[str, Any]]:
     """The measurements in the order they run (see the module docstring)."""
     specs = []
@@ -176,6 +195,7 @@ def run(plan: Plan, progress: Callable[[int, int, str], None] | None = None) -> 
     """Take every measurement of ``plan``; ``progress(done, total, label)``
     is called before each one and once at the end."""
     outcome = Outcome(plan, environment=environment())
+    outcome.environment["cpu_capacity_before"] = round(cpu_capacity(), 2)
     contenders = list(plan.contenders)
     if "torch" in contenders and importlib.util.find_spec("torch") is None:
         contenders.remove("torch")
@@ -191,6 +211,7 @@ def run(plan: Plan, progress: Callable[[int, int, str], None] | None = None) -> 
             outcome.measurements.append(run_one(spec, memory))
         except RuntimeError as exc:
             outcome.failures.append(str(exc))
+    outcome.environment["cpu_capacity_after"] = round(cpu_capacity(), 2)
     if progress is not None:
         progress(len(specs), len(specs), "done")
     return outcome
