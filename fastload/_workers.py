@@ -53,6 +53,11 @@ TASK_RING_BYTES = 1 << 20
 RESULT_RING_BYTES = 1 << 18
 # A first guess at the batch size; the first batch that needs more raises it.
 INITIAL_SLOT_BYTES = 1 << 20
+# Slots per pool segment. A loader holds prefetch_factor * num_workers slots
+# in flight plus the one or two the loop holds, rarely a multiple of four:
+# with large batches every slot of a segment is reserved (and zeroed) when
+# it is made, so small segments waste at most one slot.
+SLOTS_PER_SEGMENT = 2
 JOIN_SECONDS = 5.0
 
 
@@ -143,7 +148,7 @@ class WorkerGroup:
             self, _shutdown, self.processes, self.task_rings, self.result_rings,
             self.sockets, self.doorbell, self.sigchld)
         self.pool = _memory.new_pool(
-            INITIAL_SLOT_BYTES, pin_memory=loader.pin_memory,
+            INITIAL_SLOT_BYTES, pin_memory=loader.pin_memory, slots_per_segment=SLOTS_PER_SEGMENT,
             on_segment=channels.send_segment, on_retire=channels.retire_segment)
         initial_segments = {seg_id: segment for seg_id, segment, _, _ in self.pool.segments}
         parent_death = threading.current_thread() is threading.main_thread()

@@ -224,6 +224,20 @@ def test_persistent_workers_outgrow_their_first_slots(method):
         assert got.tobytes() == x.tobytes()
 
 
+def test_the_pool_reserves_little_more_than_the_slots_in_use():
+    # 4 batches in flight (2 workers, prefetch 2) and 2 held by the loop: six
+    # 2 MiB slots; whole segments of four would reserve eight.
+    x = np.zeros((64, 32768), dtype=np.float32)
+    loader = fl.DataLoader(fl.ArrayDataset(x), batch_size=16, num_workers=2,
+                           persistent_workers=True)
+    for _ in range(3):
+        for batch in loader:
+            pass
+    stats = loader.stats()
+    slot = 16 * x[0].nbytes
+    assert 4 * slot <= stats.pool_bytes <= 6 * slot * 1.25  # slots are rounded up
+
+
 WORKER_PAGE_FAULTS = """
 import numpy as np, fastload as fl
 
