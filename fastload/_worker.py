@@ -36,7 +36,6 @@ RingClosedError once the ring is drained.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import pickle
 import random
@@ -154,23 +153,10 @@ def seed_worker(base_seed: int, worker_id: int) -> int:
 # shared memory, so its thresholds stay low. Workers therefore set them
 # once: the peak memory of a worker does not change (the samples were
 # resident a moment before), it only stops being returned between batches.
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
 # Free heap a worker keeps; blocks up to glibc's own ceiling for its
 # adaptive mmap threshold come from the heap.
 HEAP_KEEP_BYTES = 64 << 20
 HEAP_BLOCK_BYTES = 32 << 20
-
-
-def keep_freed_heap() -> None:
-    """Stop malloc returning freed batch memory to the kernel after every
-    batch (NOTE [ Worker heap ]); nothing without glibc's mallopt."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(_M_TRIM_THRESHOLD, HEAP_KEEP_BYTES)
-    mallopt(_M_MMAP_THRESHOLD, HEAP_BLOCK_BYTES)
 
 
 def gather_columns(dataset: Any, index: Any) -> tuple[tuple[np.ndarray, ...], Any] | None:
@@ -373,7 +359,7 @@ def worker_main(config: dict[str, Any], task_ring: Any, result_ring: Any,
     # The main process handles Ctrl-C and shuts workers down; a worker that
     # died of the same SIGINT would only turn a clean stop into a crash report.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    keep_freed_heap()
+    proc.keep_freed_heap(HEAP_KEEP_BYTES, HEAP_BLOCK_BYTES)
     if config["parent_death_signal"]:
         try:
             proc.die_with_parent(config["parent_pid"])

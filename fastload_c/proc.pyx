@@ -48,3 +48,13 @@ def die_with_parent(int expected_parent, int sig=9):
     parent exits. Raises ProcessLookupError when the parent is already gone."""
     if fl_proc_die_with_parent(sig, expected_parent) != 0:
         raise_errno("parent process {} is gone".format(expected_parent))
+
+
+def keep_freed_heap(size_t keep_bytes, size_t block_bytes):
+    """Have malloc keep up to ``keep_bytes`` of freed memory for reuse instead
+    of returning it to the kernel after each free, and serve blocks up to
+    ``block_bytes`` from that heap (glibc's mallopt; a no-op elsewhere).
+    Raises ValueError for values glibc refuses."""
+    if fl_proc_keep_freed_heap(keep_bytes, block_bytes) != 0:
+        raise ValueError("malloc refused to keep {} bytes with blocks up to {} bytes"
+                         .format(keep_bytes, block_bytes))

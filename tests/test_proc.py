@@ -119,3 +119,34 @@ def test_die_with_parent_refuses_a_parent_that_is_already_gone():
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.stdout.startswith("gone"), out.stderr
+
+
+def test_keep_freed_heap_stops_returning_freed_memory():
+    # In a child: the setting is process-wide.
+    script = textwrap.dedent("""
+        import resource
+        import numpy as np
+        from fastload_c import proc
+
+        def faults_for_rounds():
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            for _ in range(20):
+                blocks = [np.ones(48 * 1024, dtype=np.uint8) for _ in range(64)]
+                del blocks
+            return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+        faults_for_rounds()
+        default = faults_for_rounds()
+        proc.keep_freed_heap(64 << 20, 32 << 20)
+        faults_for_rounds()
+        kept = faults_for_rounds()
+        print(default, kept)
+        try:
+            proc.keep_freed_heap(1 << 40, 1)
+        except ValueError:
+            print("refused")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    default, kept = map(int, out.stdout.split()[:2])
+    assert kept * 10 < default, out.stdout
+    assert "refused" in out.stdout

@@ -2,11 +2,15 @@
 #include "fl_proc.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 /* Read by the handler, written by threads: every slot is an atomic pointer. */
 static fl_doorbell *doorbells[FL_PROC_MAX_DOORBELLS];
@@ -115,5 +119,22 @@ int fl_proc_die_with_parent(int sig, int expected_parent)
         errno = ESRCH;
         return -1;
     }
+    return 0;
+}
+
+int fl_proc_keep_freed_heap(size_t keep_bytes, size_t block_bytes)
+{
+#ifdef __GLIBC__
+    if (keep_bytes > INT_MAX || block_bytes > INT_MAX) {
+        errno = EINVAL;
+        return -1;
+    }
+    /* mallopt returns 1 on success, 0 on error (without errno). */
+    if (mallopt(M_TRIM_THRESHOLD, (int)keep_bytes) != 1
+        || mallopt(M_MMAP_THRESHOLD, (int)block_bytes) != 1) {
+        errno = EINVAL;
+        return -1;
+    }
+#endif
     return 0;
 }

@@ -17,6 +17,7 @@
 #define FL_PROC_H
 
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "fl_doorbell.h"
@@ -41,5 +42,11 @@ uint64_t fl_proc_sigchld_count(void);
  * the parent is already gone (getppid() != expected_parent), closing the
  * race of a parent that died before the signal was armed. */
 int fl_proc_die_with_parent(int sig, int expected_parent);
+
+/* Have malloc keep up to `keep_bytes` of freed memory instead of returning
+ * it to the kernel, and serve blocks up to `block_bytes` from the heap
+ * (glibc's mallopt; elsewhere it does nothing and returns 0). 0, or -1 with
+ * errno EINVAL when glibc refuses a value. */
+int fl_proc_keep_freed_heap(size_t keep_bytes, size_t block_bytes);
 
 #endif
