@@ -50,8 +50,8 @@ class PerSample(fl.Dataset):
         return len(self.x)
 
 
-def fastload_epoch(x: np.ndarray, y: np.ndarray):
-    loader = fl.DataLoader(fl.ArrayDataset(x, y), batch_size=BATCH, shuffle=True, generator=0)
+def _loader_epoch(dataset):
+    loader = fl.DataLoader(dataset, batch_size=BATCH, shuffle=True, generator=0)
 
     def epoch() -> int:
         count = 0
@@ -60,18 +60,14 @@ def fastload_epoch(x: np.ndarray, y: np.ndarray):
         return count
 
     return epoch
+
+
+def fastload_epoch(x: np.ndarray, y: np.ndarray):
+    return _loader_epoch(fl.ArrayDataset(x, y))
 
 
 def fastload_per_sample_epoch(x: np.ndarray, y: np.ndarray):
-    loader = fl.DataLoader(PerSample(x, y), batch_size=BATCH, shuffle=True, generator=0)
-
-    def epoch() -> int:
-        count = 0
-        for features, labels in loader:
-            count += len(labels)
-        return count
-
-    return epoch
+    return _loader_epoch(PerSample(x, y))
 
 
 def baseline_epoch(x: np.ndarray, y: np.ndarray):
