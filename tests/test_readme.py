@@ -43,3 +43,11 @@ def test_shell_blocks_name_real_things():
     # The CI script runs the test command the README describes.
     ci = (ROOT / ".ci" / "run").read_text()
     assert "torch==2.13.0" in ci and '".[test]"' in ci and "pytest" in ci
+
+
+def test_api_reference_names_every_public_name():
+    import fastload
+
+    reference = sections()["API reference"]
+    missing = [name for name in fastload.__all__ if f"`{name}" not in reference]
+    assert missing == []
