@@ -322,8 +322,10 @@ class MultiProcessingIter(BaseIter):
         batch = pack.unpack(task.lease, layout)
         if self._copy_out:
             # Past the cap, a batch the user keeps must not hold a slot the
-            # pool needs: the user gets a private copy, the slot comes back.
+            # pool needs: the user gets a private copy, the slot comes back
+            # now (the worker is done with it).
             batch = _copy_out(batch)
+            task.lease = None
         return batch
 
 

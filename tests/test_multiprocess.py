@@ -337,3 +337,15 @@ def test_batches_larger_than_a_slot_grow_the_slots(dataset):
     assert all(b.shape[1:] == (128, 1024) for b in got)
     for b in got:
         assert (b == b[:, :1, :1]).all()  # every sample filled with its own index
+
+
+def test_batches_held_past_the_pool_cap_are_copied_out(monkeypatch):
+    # A cap of four 1 MiB slots: holding 30 batches of 512 KiB must not stall
+    # the loader nor overwrite what is held; past the cap batches are copies.
+    import fastload._memory as memory
+
+    monkeypatch.setattr(memory, "default_max_bytes", lambda: 4 << 20)
+    held = epoch(fl.DataLoader(Big(), batch_size=1, num_workers=2))
+    held += epoch(fl.DataLoader(Big(), batch_size=1, num_workers=2))
+    assert [int(b[0, 0, 0]) for b in held] == list(range(12)) * 2
+    assert all((b == b[0, 0, 0]).all() for b in held)
