@@ -290,7 +290,7 @@ def test_timeout_raises_after_that_many_seconds():
     t0 = time.perf_counter()
     with pytest.raises(RuntimeError, match=r"timed out after 0\.3 seconds"):
         next(it)
-    assert 0.29 < time.perf_counter() - t0 < 0.4
+    assert 0.29 < time.perf_counter() - t0 < 0.6
 
 
 def test_pin_memory_batches_are_correct():
