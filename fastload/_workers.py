@@ -44,7 +44,6 @@ from typing import Any
 
 from fastload import _memory
 from fastload._worker import RESET, RETIRE, SEGMENT, worker_main
-from fastload.errors import RingClosedError
 from fastload_c import proc
 from fastload_c.ring import Doorbell, Ring
 
