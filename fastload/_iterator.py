@@ -144,7 +144,6 @@ class BaseIter:
         else:
             self._progress = self._resume(resume)
         self._base_seed = self._progress.base_seed
-        self._num_yielded = self._progress.yielded
         loader._progress = self._progress
 
     def _resume(self, state: dict[str, Any]) -> Progress:
@@ -177,7 +176,6 @@ class BaseIter:
         self._progress = Progress(loader._epoch, self._base_seed)
         self._progress.sampler = sampler_state(self._index_sampler)
         loader._progress = self._progress
-        self._num_yielded = 0
         self._returned_at = None
         self._IterableDataset_len_called = loader._IterableDataset_len_called
 
@@ -216,16 +214,15 @@ class BaseIter:
         self._returned_at = time.perf_counter()
         stats.wait_seconds += self._returned_at - asked_at
         stats.batches += 1
-        self._num_yielded += 1
         if (
             not self._map_style
             and self._IterableDataset_len_called is not None
-            and self._num_yielded > self._IterableDataset_len_called
+            and self._progress.yielded > self._IterableDataset_len_called
         ):
             warn_at_caller(
                 f"Length of IterableDataset {self._dataset} was reported to be "
                 f"{self._IterableDataset_len_called} (when accessing len(dataloader)), "
-                f"but {self._num_yielded} samples have been fetched. "
+                f"but {self._progress.yielded} samples have been fetched. "
             )
         return data
 
