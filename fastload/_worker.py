@@ -153,6 +153,7 @@ def seed_worker(base_seed: int, worker_id: int) -> int:
 # shared memory, so its thresholds stay low. Workers therefore set them
 # once: the peak memory of a worker does not change (the samples were
 # resident a moment before), it only stops being returned between batches.
+
 # Free heap a worker keeps; blocks up to glibc's own ceiling for its
 # adaptive mmap threshold come from the heap.
 HEAP_KEEP_BYTES = 64 << 20
@@ -286,7 +287,7 @@ class _Worker:
             self.reply(ENDED, task_id)
             return
         except Exception as exc:
-            self.reply(FAILED, task_id, WorkerError(exc, self.worker_id, self.describe(index)))
+            self.fail(task_id, exc, index)
             return
         fetched = time.perf_counter()
         self.batches_done += 1
@@ -302,15 +303,19 @@ class _Worker:
                 slot = self.await_reslot(task_id, small.needed)
                 continue
             except CollateError as exc:
-                named = name_dataset_indices(exc, index)
-                self.reply(FAILED, task_id, WorkerError(named, self.worker_id, self.describe(index)))
+                # Collated here, in the slot: the fetcher could not name the
+                # dataset indices, so name them now.
+                self.fail(task_id, name_dataset_indices(exc, index), index)
                 return
             except Exception as exc:
-                self.reply(FAILED, task_id, WorkerError(exc, self.worker_id, self.describe(index)))
+                self.fail(task_id, exc, index)
                 return
             self.reply(DONE, task_id, layout, fetched - started, time.perf_counter() - fetched,
                        has_state, state, self.ended or getattr(self.fetcher, "ended", False))
             return
+
+    def fail(self, task_id: int, exc: BaseException, index: Any) -> None:
+        self.reply(FAILED, task_id, WorkerError(exc, self.worker_id, self.describe(index)))
 
     def await_reslot(self, task_id: int, needed: int) -> tuple[int, int, int]:
         """Ask for a slot of ``needed`` bytes and wait for it, keeping the
@@ -330,14 +335,11 @@ class _Worker:
     def fetch(self, index: Any) -> Any:
         """Fetch the data of one task; return a function that writes it into
         a slot (segment, offset, capacity) and returns the layout."""
-        if self.kind is DatasetKind.MAP and self.default_collation:
-            columns = gather_columns(self.dataset, index)
+        if self.default_collation:
+            columns = gather_columns(self.dataset, index) if self.kind is DatasetKind.MAP else None
             if columns is not None:
                 arrays, rows = columns
                 return lambda seg, off, cap: pack.gather_into(arrays, rows, seg, off, cap)
-            samples = self.fetcher.fetch_samples(index)
-            return lambda seg, off, cap: pack.collate_into(samples, seg, off, cap)
-        if self.kind is DatasetKind.ITERABLE and self.default_collation:
             samples = self.fetcher.fetch_samples(index)
             return lambda seg, off, cap: pack.collate_into(samples, seg, off, cap)
         batch = self.fetcher.fetch(index)
