@@ -56,6 +56,11 @@ class _Task:
         self.dataset_ended = False
 
 
+def _slot_of(lease: Any) -> tuple[int, int, int]:
+    """How a task names its slot to a worker (NOTE [ Worker protocol ])."""
+    return (lease.segment_id, lease.offset, lease.capacity)
+
+
 def _copy_out(batch: Any) -> Any:
     """The batch in private memory, for a pool at its cap (see _deliver)."""
     return pickle.loads(pickle.dumps(batch, protocol=5))
@@ -152,8 +157,7 @@ class MultiProcessingIter(BaseIter):
         task_id = next(self._task_ids)
         self._tasks[task_id] = _Task(worker_id, index, lease, snapshot)
         self._order.append(task_id)
-        slot = (lease.segment_id, lease.offset, lease.capacity)
-        self._workers.send(worker_id, (TASK, task_id, index, slot))
+        self._workers.send(worker_id, (TASK, task_id, index, _slot_of(lease)))
 
     def _acquire_at_cap(self) -> Any:
         """A slot when the pool may not grow: from now on batches are copied
@@ -306,8 +310,7 @@ class MultiProcessingIter(BaseIter):
 
     def _reslot(self, task_id: int, task: _Task, nbytes: int) -> None:
         task.lease = self._workers.pool.acquire(nbytes) or self._acquire_at_cap()
-        slot = (task.lease.segment_id, task.lease.offset, task.lease.capacity)
-        self._workers.send(task.worker_id, (RESLOT, task_id, slot))
+        self._workers.send(task.worker_id, (RESLOT, task_id, _slot_of(task.lease)))
 
     def _handle_stale(self, kind: int, task_id: int, message: tuple[Any, ...]) -> None:
         task = self._stale.get(task_id)
