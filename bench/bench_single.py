@@ -50,8 +50,8 @@ class PerSample(fl.Dataset):
         return len(self.x)
 
 
-def _loader_epoch(dataset):
-    loader = fl.DataLoader(dataset, batch_size=BATCH, shuffle=True, generator=0)
+def _loader_epoch(loader):
+    """An epoch of any loader yielding (features, labels) batches."""
 
     def epoch() -> int:
         count = 0
@@ -63,11 +63,13 @@ def _loader_epoch(dataset):
 
 
 def fastload_epoch(x: np.ndarray, y: np.ndarray):
-    return _loader_epoch(fl.ArrayDataset(x, y))
+    return _loader_epoch(fl.DataLoader(fl.ArrayDataset(x, y), batch_size=BATCH, shuffle=True,
+                                       generator=0))
 
 
 def fastload_per_sample_epoch(x: np.ndarray, y: np.ndarray):
-    return _loader_epoch(PerSample(x, y))
+    return _loader_epoch(fl.DataLoader(PerSample(x, y), batch_size=BATCH, shuffle=True,
+                                       generator=0))
 
 
 def baseline_epoch(x: np.ndarray, y: np.ndarray):
@@ -95,16 +97,8 @@ def torch_epoch(x: np.ndarray, y: np.ndarray):
     from torch.utils import data as td
 
     ds = td.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
-    loader = td.DataLoader(ds, batch_size=BATCH, shuffle=True,
-                           generator=torch.Generator().manual_seed(0))
-
-    def epoch() -> int:
-        count = 0
-        for features, labels in loader:
-            count += len(labels)
-        return count
-
-    return epoch
+    return _loader_epoch(td.DataLoader(ds, batch_size=BATCH, shuffle=True,
+                                       generator=torch.Generator().manual_seed(0)))
 
 
 CONTENDERS = {
