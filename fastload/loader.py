@@ -308,6 +308,7 @@ class DataLoader(Generic[T_co]):
     def state_dict(self) -> dict[str, Any]:
         """The loader's position after the last batch it delivered, as a plain
         dict: ``load_state_dict`` of it on a loader built the same way makes
+        the next ``iter()`` deliver exactly the batches that were still to
         come (NOTE [ Resume contract ] in fastload._state). The sampler and
         dataset states inside are the snapshots themselves, not copies: treat
         the dict as read-only (or copy it) if the loader runs on."""
