@@ -117,7 +117,10 @@ def pin_batch(torch: Any, data: Any) -> Any:
 class BaseIter:
     """What every DataLoader iterator shares; subclasses define ``_next_data``."""
 
-    def __init__(self, loader: Any, resume: dict[str, Any] | None) -> None:
+    def __init__(self, loader: Any, resume: dict[str, Any] | None,
+                 base_seed: int | None = None) -> None:
+        """``base_seed``, when given, is used instead of drawing one (a
+        resumed persistent-workers run whose saved run reused its iterator)."""
         self._dataset = loader.dataset
         self._dataset_kind = loader._dataset_kind
         self._IterableDataset_len_called = loader._IterableDataset_len_called
@@ -139,7 +142,9 @@ class BaseIter:
             # Same order as torch: the (lazy) sampler iterator first, then the
             # seed draw, so a shared torch.Generator advances exactly as in torch.
             self._sampler_iter = iter(self._index_sampler)
-            self._progress = Progress(loader._epoch, _seed.draw_seed(loader._rng))
+            if base_seed is None:
+                base_seed = _seed.draw_seed(loader._rng)
+            self._progress = Progress(loader._epoch, base_seed)
             self._progress.sampler = sampler_state(self._index_sampler)
         else:
             self._progress = self._resume(resume)

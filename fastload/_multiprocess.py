@@ -69,8 +69,9 @@ def _copy_out(batch: Any) -> Any:
 class MultiProcessingIter(BaseIter):
     """Loads in worker processes."""
 
-    def __init__(self, loader: Any, resume: dict[str, Any] | None) -> None:
-        super().__init__(loader, resume)
+    def __init__(self, loader: Any, resume: dict[str, Any] | None,
+                 base_seed: int | None = None) -> None:
+        super().__init__(loader, resume, base_seed)
         self._prefetch = loader.prefetch_factor * loader.num_workers
         self._in_order = loader.in_order
         self._task_ids = itertools.count()

@@ -261,12 +261,13 @@ class DataLoader(Generic[T_co]):
     def _index_sampler(self) -> Any:
         return self.batch_sampler if self._auto_collation else self.sampler
 
-    def _get_iterator(self, resume: dict[str, Any] | None = None) -> BaseIter:
+    def _get_iterator(self, resume: dict[str, Any] | None = None,
+                      base_seed: int | None = None) -> BaseIter:
         iterator: BaseIter
         if self.num_workers == 0:
             iterator = SingleProcessIter(self, resume)
         else:
-            iterator = MultiProcessingIter(self, resume)
+            iterator = MultiProcessingIter(self, resume, base_seed)
         self._latest_iterator = weakref.ref(iterator)
         self._latest_stats = iterator._stats
         return iterator
@@ -282,10 +283,16 @@ class DataLoader(Generic[T_co]):
 
     def __iter__(self) -> BaseIter:
         resume, self._resume_state = self._resume_state, None
+        kept_base_seed = None
         if resume is not None:
             _seed.set_generator_state(self._rng, resume["generator"])
             self._epoch = resume["epoch"] + 1 if resume["finished"] else resume["epoch"]
             if resume["finished"]:
+                if self.persistent_workers:
+                    # The saved run's next epoch reused its iterator and so its
+                    # base seed (None if it had no iterator yet), drawing none
+                    # from the generator: so must this one.
+                    kept_base_seed = resume["base_seed"]
                 resume = None  # the sampler was restored by load_state_dict
             if self._iterator is not None:
                 # Persistent workers hold the old position; start afresh.
@@ -296,7 +303,7 @@ class DataLoader(Generic[T_co]):
         # epoch resets instead of starting new processes.
         if self.persistent_workers and self.num_workers > 0:
             if self._iterator is None:
-                self._iterator = iterator = self._get_iterator(resume)
+                self._iterator = iterator = self._get_iterator(resume, kept_base_seed)
             else:
                 self._iterator._reset(self)
                 iterator = self._iterator
@@ -315,6 +322,8 @@ class DataLoader(Generic[T_co]):
         if self._resume_state is not None:
             return copy.deepcopy(self._resume_state)
         progress = self._progress
+        # None: no iterator has drawn a base seed yet.
+        base_seed = None if progress is None else progress.base_seed
         if progress is None:
             progress = Progress(self._epoch - 1, 0)
             progress.finished = True
@@ -326,7 +335,7 @@ class DataLoader(Generic[T_co]):
             "version": STATE_VERSION,
             "settings": describe_loader(self),
             "epoch": progress.epoch,
-            "base_seed": progress.base_seed,
+            "base_seed": base_seed,
             "yielded": progress.yielded,
             "finished": progress.finished,
             "sampler": progress.sampler,

@@ -83,17 +83,20 @@ class Reversed(fl.Sampler):
 
 
 CONFIGS = {
-    "sequential": lambda w: fl.DataLoader(Augmented(), batch_size=BATCH, num_workers=w,
-                                          generator=5),
-    "shuffled": lambda w: fl.DataLoader(Augmented(), batch_size=BATCH, shuffle=True,
-                                        num_workers=w, generator=5),
-    "custom_sampler": lambda w: fl.DataLoader(Augmented(), batch_size=BATCH,
-                                              sampler=Reversed(N), num_workers=w, generator=5),
-    "stateless_sampler": lambda w: fl.DataLoader(Augmented(), batch_size=BATCH,
-                                                 sampler=list(range(N))[::-1],
-                                                 num_workers=w, generator=5),
-    "iterable": lambda w: fl.DataLoader(Counting(), batch_size=BATCH, num_workers=w),
-    "iterable_stateless": lambda w: fl.DataLoader(Stateless(), batch_size=BATCH, num_workers=w),
+    "sequential": lambda w, p=False: fl.DataLoader(Augmented(), batch_size=BATCH, num_workers=w,
+                                             persistent_workers=p, generator=5),
+    "shuffled": lambda w, p=False: fl.DataLoader(Augmented(), batch_size=BATCH, shuffle=True,
+                                           num_workers=w, persistent_workers=p, generator=5),
+    "custom_sampler": lambda w, p=False: fl.DataLoader(Augmented(), batch_size=BATCH,
+                                                 sampler=Reversed(N), num_workers=w,
+                                                 persistent_workers=p, generator=5),
+    "stateless_sampler": lambda w, p=False: fl.DataLoader(Augmented(), batch_size=BATCH,
+                                                    sampler=list(range(N))[::-1], num_workers=w,
+                                                    persistent_workers=p, generator=5),
+    "iterable": lambda w, p=False: fl.DataLoader(Counting(), batch_size=BATCH, num_workers=w,
+                                           persistent_workers=p),
+    "iterable_stateless": lambda w, p=False: fl.DataLoader(Stateless(), batch_size=BATCH,
+                                                     num_workers=w, persistent_workers=p),
 }
 
 
@@ -107,9 +110,10 @@ def epochs(loader, count):
     return [[as_bytes(b) for b in loader] for _ in range(count)]
 
 
-def run_with_interruption(make, stop_after):
-    """Take `stop_after` batches (across epochs), checkpoint, resume in a
-    fresh loader, and return everything delivered, epoch by epoch."""
+def run_with_interruption(make, stop_after, run_out=False):
+    """Take `stop_after` batches (across epochs) and, with `run_out`, the
+    StopIteration after them; checkpoint, resume in a fresh loader, and
+    return everything delivered, epoch by epoch."""
     loader = make()
     got, taken = [], 0
     it = iter(loader)
@@ -122,6 +126,10 @@ def run_with_interruption(make, stop_after):
             got.append(current)
             current = []
             it = iter(loader)
+    if run_out:
+        assert next(it, None) is None
+        got.append(current)
+        current = []
     state = pickle.loads(pickle.dumps(loader.state_dict()))
     del it, loader
     resumed = make()
@@ -133,19 +141,21 @@ def run_with_interruption(make, stop_after):
     return got
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers, persistent", [(0, False), (2, False), (2, True)])
 @pytest.mark.parametrize("config", sorted(CONFIGS))
-@pytest.mark.parametrize("stop", ["start", "middle", "last_batch", "all_batches", "next_epoch"])
-def test_resume_yields_exactly_the_remaining_batches(config, workers, stop):
-    make = lambda: CONFIGS[config](workers)  # noqa: E731
+@pytest.mark.parametrize("stop", ["start", "middle", "last_batch", "all_batches", "ran_out",
+                                  "next_epoch"])
+def test_resume_yields_exactly_the_remaining_batches(config, workers, persistent, stop):
+    make = lambda: CONFIGS[config](workers, persistent)  # noqa: E731
     want = epochs(make(), 2)
     per_epoch = len(want[0])
     if config.startswith("iterable") and workers:
         # Two shards of 37 items: 19 and 18, so 5 + 5 batches per epoch.
         assert per_epoch == 10
     stop_after = {"start": 0, "middle": per_epoch // 2, "last_batch": per_epoch - 1,
-                  "all_batches": per_epoch, "next_epoch": per_epoch + 2}[stop]
-    assert run_with_interruption(make, stop_after) == want
+                  "all_batches": per_epoch, "ran_out": per_epoch,
+                  "next_epoch": per_epoch + 2}[stop]
+    assert run_with_interruption(make, stop_after, run_out=stop == "ran_out") == want
 
 
 def test_state_is_json_serialisable_for_numpy_generators():
@@ -325,3 +335,12 @@ def test_state_before_the_first_batch_of_a_later_epoch():
     list(resumed)  # the sampler object of a rebuilt loader starts elsewhere
     resumed.load_state_dict(state)
     assert [as_bytes(b) for b in resumed] == want
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_state_of_a_loader_never_iterated(persistent):
+    make = lambda: CONFIGS["shuffled"](2, persistent)  # noqa: E731
+    want = epochs(make(), 2)
+    resumed = make()
+    resumed.load_state_dict(make().state_dict())
+    assert epochs(resumed, 2) == want
