@@ -56,6 +56,16 @@ class _Task:
         self.dataset_ended = False
 
 
+class _Failure:
+    """A worker's exception in place of its batch: raised when the batch
+    is due, as torch does, so the batches before it are delivered first."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: WorkerError) -> None:
+        self.error = error
+
+
 def _slot_of(lease: Any) -> tuple[int, int, int]:
     """How a task names its slot to a worker (NOTE [ Worker protocol ])."""
     return (lease.segment_id, lease.offset, lease.capacity)
@@ -194,6 +204,8 @@ class MultiProcessingIter(BaseIter):
             task_id = self._next_ready()
             if task_id is not None:
                 task, batch = self._ready.pop(task_id)
+                if isinstance(batch, _Failure):
+                    self._reraise(batch.error)
                 self._delivered(task)
                 self._dispatch()
                 if self._pin_custom and hasattr(batch, "pin_memory"):
@@ -300,7 +312,7 @@ class MultiProcessingIter(BaseIter):
             self._dispatch()
         elif kind == FAILED:
             del self._tasks[task_id]
-            self._reraise(message[2])
+            self._ready[task_id] = (task, _Failure(message[2]))
 
     def _reraise(self, error: WorkerError) -> None:
         """A worker's exception, raised here with its type and traceback text;

@@ -116,6 +116,27 @@ def test_exception_in_worker_keeps_type_traceback_worker_and_index():
     assert not worker_children()
 
 
+class FailingAfterSlow(Failing):
+    """Batch [8..11] is slow, so the failure in [12..15] arrives before it."""
+
+    def __getitem__(self, i):
+        if 8 <= i < 12:
+            time.sleep(0.05)
+        return super().__getitem__(i)
+
+
+def test_exception_in_worker_is_raised_when_its_batch_is_due():
+    # As torch: the batches before the failing one are delivered first, even
+    # when the failure reaches the main process before they do.
+    loader = fl.DataLoader(FailingAfterSlow(), batch_size=4, num_workers=2)
+    delivered = []
+    with pytest.raises(KeyError):
+        for batch in loader:
+            delivered.append(batch.tolist())
+    assert delivered == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert not worker_children()
+
+
 def test_timeout_error_names_the_wait():
     loader = fl.DataLoader(Sleepy(n=2, delay=1), batch_size=1, num_workers=1, timeout=0.2)
     with pytest.raises(RuntimeError, match=r"timed out after 0\.2"):
