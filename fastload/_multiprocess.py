@@ -4,6 +4,8 @@ The main process owns the order: it draws indices from the batch sampler,
 takes a slot from the pool for each batch, sends the task to the next worker
 (round robin, at most ``prefetch_factor`` tasks in flight per worker), and
 yields results in task order (or as they come with ``in_order=False``).
+Persistent workers go on into the next epoch's first batches once the
+sampler has run out (NOTE [ Epoch lookahead ] in fastload._lookahead).
 Batches are numpy views of their slot; the slot returns to the pool when the
 user drops the last view (NOTE [ Slot ownership and lifetime ] in
 fastload_c.slab).
@@ -17,11 +19,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import pickle
+from collections import deque
 import time
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from fastload._iterator import BaseIter, WorkerProgress
+from fastload._lookahead import next_epoch_head
 from fastload._state import sampler_state
 from fastload._stats import LoaderStats, WorkerStats
 from fastload._worker import (
@@ -54,6 +58,21 @@ class _Task:
         self.dataset_state: Any = None
         self.has_dataset_state = False
         self.dataset_ended = False
+
+
+class _Lookahead:
+    """The next epoch's first tasks, dispatched before its iter()
+    (NOTE [ Epoch lookahead ] in fastload._lookahead)."""
+
+    __slots__ = ("epoch", "indices", "workers", "tasks")
+
+    def __init__(self, epoch: int, indices: list[Any], num_workers: int) -> None:
+        self.epoch = epoch
+        self.indices = deque(indices)  # not dispatched yet
+        # The round robin a new map-style epoch starts (see _begin_epoch).
+        self.workers = itertools.cycle(range(num_workers))
+        # (task id, index, worker id) of each task dispatched, in order.
+        self.tasks: deque[tuple[int, Any, int]] = deque()
 
 
 class _Failure:
@@ -89,6 +108,12 @@ class MultiProcessingIter(BaseIter):
         # their slots stay leased until the worker answers (a worker may
         # still be writing into them).
         self._stale: dict[int, _Task] = {}
+        self._tasks: dict[int, _Task] = {}
+        self._ready: dict[int, tuple[_Task, Any]] = {}
+        self._may_look_ahead = loader.persistent_workers and self._map_style
+        self._lookahead: _Lookahead | None = None
+        # A finished lookahead's tasks, waiting for the new epoch to adopt them.
+        self._carried: deque[tuple[int, Any, int]] = deque()
         self._copy_out = False
         self._pin_custom = loader.pin_memory
         self._stats.workers = [WorkerStats() for _ in range(loader.num_workers)]
@@ -122,8 +147,6 @@ class MultiProcessingIter(BaseIter):
     def _begin_epoch(self) -> None:
         progress = self._progress
         workers = self._workers.num_workers
-        self._tasks: dict[int, _Task] = {}
-        self._ready: dict[int, tuple[_Task, Any]] = {}
         self._order: list[int] = []  # task ids in dispatch order, not yet yielded
         # The round robin starts after the worker of the last delivered batch,
         # so a resumed iterable dataset interleaves as it would have.
@@ -139,21 +162,40 @@ class MultiProcessingIter(BaseIter):
     def _reset(self, loader: Any) -> None:
         """Persistent workers: a new epoch over the same processes."""
         super()._reset(loader)
+        epoch = self._progress.epoch
         if not self._map_style:
             self._progress.workers = [WorkerProgress() for _ in range(self._workers.num_workers)]
-        self._stale.update(self._tasks)
+        lookahead, self._lookahead = self._lookahead, None
+        if lookahead is not None and lookahead.epoch == epoch:
+            self._carried = lookahead.tasks
+        else:
+            lookahead, self._carried = None, deque()
+        # The rest of the last epoch: tasks in flight become stale, batches
+        # loaded and never yielded are dropped (their slots come back).
+        carried = {task_id for task_id, _, _ in self._carried}
+        self._stale.update((t, task) for t, task in self._tasks.items() if t not in carried)
+        self._tasks = {t: task for t, task in self._tasks.items() if t in carried}
+        self._ready = {t: entry for t, entry in self._ready.items() if t in carried}
         with self._deaths_reported():
-            self._workers.reset(self._progress.epoch)
+            if lookahead is None:
+                self._workers.reset(epoch)  # a lookahead sent this already
             self._begin_epoch()
 
     def _dispatch(self) -> None:
-        """Send the next batch's task to the next active worker, if any."""
-        if self._sampler_done or not any(self._active):
+        """Send the next batch's task to the next active worker, if any;
+        once the sampler ran out, the next lookahead task."""
+        if self._sampler_done:
+            self._dispatch_lookahead()
+            return
+        if not any(self._active):
             return
         try:
             index = next(self._sampler_iter)
         except StopIteration:
             self._sampler_done = True
+            self._drop_carried()
+            self._start_lookahead()
+            self._dispatch_lookahead()
             return
         self._dispatched += 1
         snapshot = None
@@ -162,13 +204,69 @@ class MultiProcessingIter(BaseIter):
         worker_id = next(self._next_worker)
         while not self._active[worker_id]:
             worker_id = next(self._next_worker)
-        lease = self._workers.pool.acquire()
-        if lease is None:
-            lease = self._acquire_at_cap()
+        task_id = self._adopt(index, worker_id)
+        if task_id is None:
+            lease = self._workers.pool.acquire() or self._acquire_at_cap()
+            task_id = self._send_task(worker_id, index, lease, snapshot)
+        else:
+            task = self._tasks.get(task_id) or self._ready[task_id][0]
+            task.sampler_state = snapshot
+        self._order.append(task_id)
+
+    def _send_task(self, worker_id: int, index: Any, lease: Any, snapshot: Any) -> int:
         task_id = next(self._task_ids)
         self._tasks[task_id] = _Task(worker_id, index, lease, snapshot)
-        self._order.append(task_id)
         self._workers.send(worker_id, (TASK, task_id, index, _slot_of(lease)))
+        return task_id
+
+    def _start_lookahead(self) -> None:
+        """Persistent workers, map-style: guess the next epoch's first
+        batches (NOTE [ Epoch lookahead ] in fastload._lookahead)."""
+        if not self._may_look_ahead:
+            return
+        head = next_epoch_head(self._index_sampler, self._prefetch)
+        if not head:
+            return
+        epoch = self._progress.epoch + 1
+        self._workers.reset(epoch)
+        self._lookahead = _Lookahead(epoch, head, self._workers.num_workers)
+
+    def _dispatch_lookahead(self) -> None:
+        """The next lookahead task, in the slot a delivered batch freed. It
+        never waits for a slot: at the pool's cap the lookahead stops."""
+        lookahead = self._lookahead
+        if lookahead is None or not lookahead.indices:
+            return
+        lease = self._workers.pool.acquire()
+        if lease is None:
+            lookahead.indices.clear()
+            return
+        index = lookahead.indices.popleft()
+        worker_id = next(lookahead.workers)
+        lookahead.tasks.append((self._send_task(worker_id, index, lease, None), index, worker_id))
+
+    def _adopt(self, index: Any, worker_id: int) -> int | None:
+        """The carried lookahead task that loads ``index`` on ``worker_id``
+        at this position of the epoch, if the guess was right; after the
+        first wrong guess, none."""
+        if not self._carried:
+            return None
+        task_id, guessed_index, guessed_worker = self._carried[0]
+        if guessed_worker == worker_id and guessed_index == index:
+            self._carried.popleft()
+            return task_id
+        self._drop_carried()
+        return None
+
+    def _drop_carried(self) -> None:
+        """Give up the carried lookahead tasks: those in flight become
+        stale, loaded batches are dropped."""
+        for task_id, _, _ in self._carried:
+            task = self._tasks.pop(task_id, None)
+            if task is not None:
+                self._stale[task_id] = task
+            self._ready.pop(task_id, None)
+        self._carried.clear()
 
     def _acquire_at_cap(self) -> Any:
         """A slot when the pool may not grow: from now on batches are copied

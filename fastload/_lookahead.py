@@ -1,0 +1,125 @@
+"""The next epoch's first batches, known before its ``iter()``.
+
+NOTE [ Epoch lookahead ]
+
+With persistent workers, the workers would sit idle from the moment the
+index sampler runs out until the user calls ``iter()`` again, and the first
+batch of the new epoch would then cost a whole batch of work. Instead, once
+the sampler runs out, the iterator asks ``next_epoch_head`` for the first
+batches the sampler's *next* iteration will yield and dispatches them as
+lookahead tasks, in the slots the epoch's last batches free.
+
+Computing them must move nothing the user can observe: not the sampler's
+position or generator, not numpy's or torch's global RNG. So the head is
+drawn from an independent copy, made only for sampler types whose state is
+known (fastload's and torch's stock samplers, and BatchSampler over them),
+with the global RNGs restored afterwards; a custom sampler gets no
+lookahead. A DistributedSampler is copied at ``epoch + 1``, the
+``set_epoch`` a training loop makes before the next epoch.
+
+The head is a guess, and it is checked: at ``iter()`` each batch the real
+sampler yields is compared with the lookahead task dispatched at that
+position (same indices, same worker). A match is adopted as if it had been
+dispatched then; from the first difference on, the lookahead tasks are
+dropped as stale and loading goes on as it would have without them. A
+lookahead therefore saves time and never changes a batch. What it can
+change: the dataset is read for batches that may be dropped (``set_epoch``
+with another epoch, a generator reseeded between epochs), and that reading
+advanced the worker's global RNGs (``sample_rng()`` streams are keyed on
+the index and are unaffected). A lookahead task's exception is raised only
+if the real epoch adopts that task, when its batch is due.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from fastload._torch import torch_data_class, torch_if_imported
+from fastload.distributed import DistributedSampler
+from fastload.sampler import (
+    BatchSampler, RandomSampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler,
+)
+
+_EPOCH_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+_TORCH_GENERATOR_SAMPLERS = ("RandomSampler", "SubsetRandomSampler", "WeightedRandomSampler")
+
+
+def next_epoch_head(index_sampler: Any, count: int) -> list[Any] | None:
+    """The first ``count`` items (fewer if the epoch is shorter) that the
+    next ``iter(index_sampler)`` will yield, or None when that cannot be
+    known without disturbing the sampler."""
+    independent = _independent_copy(index_sampler)
+    if independent is None:
+        return None
+    with _global_rngs_kept():
+        try:
+            return list(itertools.islice(iter(independent), count))
+        except Exception:
+            # The real iteration raises it again, where the user expects it.
+            return None
+
+
+def _independent_copy(sampler: Any) -> Any:
+    """A sampler whose next iteration yields what ``sampler``'s will (after
+    ``set_epoch(epoch + 1)`` for a DistributedSampler) and whose iteration
+    moves nothing of ``sampler``'s; None for types not known to allow it."""
+    kind = type(sampler)
+    if kind in _torch_kinds(SequentialSampler, "SequentialSampler"):
+        return sampler  # iterating it moves nothing
+    if kind in _torch_kinds(BatchSampler, "BatchSampler"):
+        inner = _independent_copy(sampler.sampler)
+        return None if inner is None else _copy_with(sampler, sampler=inner)
+    if kind in _EPOCH_SAMPLERS:
+        return _copy_with(sampler, _rng=_clone_generator(sampler._rng))
+    if kind in _torch_kinds(None, *_TORCH_GENERATOR_SAMPLERS):
+        return _copy_with(sampler, generator=_clone_generator(sampler.generator))
+    if kind in _torch_kinds(DistributedSampler, "DistributedSampler"):
+        return _copy_with(sampler, epoch=sampler.epoch + 1)
+    return None
+
+
+def _torch_kinds(own: type | None, *torch_names: str) -> tuple[type, ...]:
+    """``own`` and torch's classes of those names that are loaded."""
+    kinds = [torch_data_class(name) for name in torch_names]
+    return tuple(kind for kind in (own, *kinds) if kind is not None)
+
+
+def _copy_with(original: Any, **attributes: Any) -> Any:
+    duplicate = copy.copy(original)
+    for name, value in attributes.items():
+        setattr(duplicate, name, value)
+    return duplicate
+
+
+def _clone_generator(rng: Any) -> Any:
+    """A generator in ``rng``'s state that does not share it; None (a
+    global RNG, restored by _global_rngs_kept) stays None."""
+    if rng is None:
+        return None
+    if isinstance(rng, np.random.Generator):
+        return copy.deepcopy(rng)
+    torch = torch_if_imported()
+    assert torch is not None  # a torch.Generator exists only once torch is loaded
+    clone = torch.Generator(device=rng.device)
+    clone.set_state(rng.get_state())
+    return clone
+
+
+@contextlib.contextmanager
+def _global_rngs_kept() -> Iterator[None]:
+    """Put numpy's and torch's global RNGs back as they were: samplers
+    without a generator draw their epoch's seed from them."""
+    numpy_state = np.random.get_state()
+    torch = torch_if_imported()
+    torch_state = torch.random.get_rng_state() if torch is not None else None
+    try:
+        yield
+    finally:
+        np.random.set_state(numpy_state)
+        if torch is not None:
+            torch.random.set_rng_state(torch_state)
