@@ -114,6 +114,10 @@ class MultiProcessingIter(BaseIter):
         self._lookahead: _Lookahead | None = None
         # A finished lookahead's tasks, waiting for the new epoch to adopt them.
         self._carried: deque[tuple[int, Any, int]] = deque()
+        # Work that grows the pool, put off while a batch is ready to return
+        # (see _settle): workers' requests for a bigger slot, and dispatches.
+        self._needs: list[tuple[Any, ...]] = []
+        self._owed = 0
         self._copy_out = False
         self._pin_custom = loader.pin_memory
         self._stats.workers = [WorkerStats() for _ in range(loader.num_workers)]
@@ -156,6 +160,7 @@ class MultiProcessingIter(BaseIter):
                         for w in range(workers)]
         self._dispatched = progress.yielded
         self._sampler_done = False
+        self._owed = 0
         for _ in range(self._prefetch):
             self._dispatch()
 
@@ -298,6 +303,7 @@ class MultiProcessingIter(BaseIter):
 
     def _next_batch(self) -> Any:
         deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        self._settle()
         while True:
             task_id = self._next_ready()
             if task_id is not None:
@@ -305,7 +311,10 @@ class MultiProcessingIter(BaseIter):
                 if isinstance(batch, _Failure):
                     self._reraise(batch.error)
                 self._delivered(task)
-                self._dispatch()
+                if self._workers.pool.free_slots:
+                    self._dispatch()
+                else:
+                    self._owed += 1  # growing the pool can wait for the next call
                 if self._pin_custom and hasattr(batch, "pin_memory"):
                     batch = batch.pin_memory()  # the slots themselves are pinned
                 return self._convert(batch)
@@ -313,7 +322,31 @@ class MultiProcessingIter(BaseIter):
                 if not self._persistent_workers:
                     self._workers.shutdown()
                 raise StopIteration
-            self._pump(deadline)
+            awaited = self._tasks.get(self._order[0]) if self._in_order else None
+            self._settle(awaited.worker_id if awaited is not None else None)
+            self._pump(deadline, defer_needs=True)
+
+    def _settle(self, awaited_worker: int | None = None) -> None:
+        """Do the work put off to return a ready batch sooner: growing the
+        pool (a new segment, tens of milliseconds for large slots) for a
+        worker that waits for a bigger slot, or to replace a delivered task.
+        Only the pool's growth phase puts anything off. While the next batch
+        is awaited from ``awaited_worker``, only what it waits on (every
+        request of that worker, which loads its tasks in order) and what
+        costs no growth is done."""
+        pool = self._workers.pool
+        needs, self._needs = self._needs, []
+        for message in needs:
+            task = self._tasks.get(message[1]) or self._stale.get(message[1])
+            if (awaited_worker is None or task is None or task.worker_id == awaited_worker
+                    or (message[2] <= pool.slot_size and pool.free_slots)):
+                self._handle(message)
+            else:
+                self._needs.append(message)
+        if awaited_worker is None:
+            while self._owed:
+                self._owed -= 1
+                self._dispatch()
 
     def _next_ready(self) -> int | None:
         """The next task whose batch can be yielded, in order (or as ready
@@ -351,9 +384,10 @@ class MultiProcessingIter(BaseIter):
             worker.ended = worker.ended or task.dataset_ended
             progress.next_worker = (task.worker_id + 1) % len(progress.workers)
 
-    def _pump(self, deadline: float | None) -> None:
+    def _pump(self, deadline: float | None, defer_needs: bool = False) -> None:
         """Handle the messages waiting on the result rings, first sleeping
-        until there is one. A worker's death or the ``deadline``
+        until there is one; with ``defer_needs``, requests for a bigger slot
+        are kept for _settle. A worker's death or the ``deadline``
         (time.monotonic) raise."""
         workers = self._workers
         while True:
@@ -364,7 +398,11 @@ class MultiProcessingIter(BaseIter):
                     data = ring.try_get()
                     if data is None:
                         break
-                    self._handle(pickle.loads(data))
+                    message = pickle.loads(data)
+                    if defer_needs and message[0] == NEED:
+                        self._needs.append(message)
+                    else:
+                        self._handle(message)
                     handled = True
             if handled:
                 return

@@ -349,3 +349,18 @@ def test_batches_held_past_the_pool_cap_are_copied_out(monkeypatch):
     held += epoch(fl.DataLoader(Big(), batch_size=1, num_workers=2))
     assert [int(b[0, 0, 0]) for b in held] == list(range(12)) * 2
     assert all((b == b[0, 0, 0]).all() for b in held)
+
+
+def test_a_ready_batch_is_returned_before_the_pool_grows_for_others():
+    # 4 MiB samples outgrow the first slots. The first batch needs one new
+    # segment (two slots: tasks 0 and 1); the segments that tasks 2, 3 and 4
+    # need are made at the next call, not while batch 0 waits to be returned.
+    x = (np.arange(8 * 4 * 1024 * 1024) % 251).astype(np.uint8).reshape(8, -1)
+    loader = fl.DataLoader(fl.ArrayDataset(x), batch_size=1, num_workers=2, prefetch_factor=2)
+    it = iter(loader)
+    first = next(it)
+    pool = it._workers.pool
+    grown = [s for s in pool.segments if s[2] == pool.slot_size]
+    assert len(grown) == 1 and grown[0][3] == 2
+    got = [first[0]] + [b[0] for b in it]
+    assert np.array_equal(np.concatenate(got), x)
