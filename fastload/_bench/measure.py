@@ -9,7 +9,14 @@ the workload's arrays, then times:
 * the first batch of a new loader, its workers started fresh;
 * every later epoch's first batch, the workers kept (persistent workers);
 * the rate of everything after the first batch, across epochs, until the
-  duration has passed and at least ``NEXT_EPOCHS`` later epochs have begun.
+  duration has passed and at least ``NEXT_EPOCHS`` later epochs have begun;
+* with workers, the first batch of ``STEPPING_EPOCHS`` more epochs while the
+  loop steps as a training loop does: after each batch it sleeps (as a loop
+  waiting on its accelerator) ``STEP_OVER_INTERVAL`` times the loader's own
+  mean batch interval, so that the loader has time to spare. Back to back,
+  a new epoch's first batch can come no sooner than any batch of a steady
+  stream, one batch interval; stepping, it shows what an epoch's start
+  itself costs.
 """
 from __future__ import annotations
 
@@ -30,6 +37,9 @@ from fastload._bench.workloads import WORKLOADS
 
 # Later epochs whose first batch is timed, at the least.
 NEXT_EPOCHS = 2
+# Epochs timed while the loop steps, and its step over the batch interval.
+STEPPING_EPOCHS = 2
+STEP_OVER_INTERVAL = 1.5
 
 
 def batch_samples(batch: Any) -> int:
@@ -50,17 +60,18 @@ def tree_memory_now() -> dict[str, int]:
     return {f"baseline_{kind}": size for kind, size in seen.items()}
 
 
-def time_loader(loader: Any, duration: float) -> dict[str, Any]:
+def time_loader(loader: Any, duration: float, stepping: bool) -> dict[str, Any]:
     started = time.perf_counter()
     batches = iter(loader)
     first = next(batches)
     first_at = time.perf_counter()
-    samples, epochs = 0, 1
+    samples, epochs, count = 0, 1, 0
     next_epoch: list[float] = []
     last = first_at
     while True:
         for batch in batches:
             samples += batch_samples(batch)
+            count += 1
             last = time.perf_counter()
             if last - first_at >= duration and len(next_epoch) >= NEXT_EPOCHS:
                 break
@@ -71,17 +82,40 @@ def time_loader(loader: Any, duration: float) -> dict[str, Any]:
             last = time.perf_counter()
             next_epoch.append(last - begun)
             samples += batch_samples(batch)
+            count += 1
             epochs += 1
             continue
         break
+    interval = (last - first_at) / count
     return {
         "first_batch_s": first_at - started,
         "next_epoch_first_batch_s": statistics.median(next_epoch),
+        "stepping_next_epoch_first_batch_s": (
+            time_stepping_epochs(loader, batches, STEP_OVER_INTERVAL * interval)
+            if stepping else None),
+        "batch_interval_s": interval,
         "samples": samples,
         "seconds": last - first_at,
         "epochs": epochs,
         "bytes_per_sample": batch_bytes(first) / batch_samples(first),
     }
+
+
+def time_stepping_epochs(loader: Any, batches: Any, step: float) -> float:
+    """Finish the epoch under way and run ``STEPPING_EPOCHS`` more, sleeping
+    ``step`` seconds after each batch: the median first batch of those."""
+    for _ in batches:
+        time.sleep(step)
+    waits = []
+    for _ in range(STEPPING_EPOCHS):
+        begun = time.perf_counter()
+        batches = iter(loader)
+        next(batches)
+        waits.append(time.perf_counter() - begun)
+        time.sleep(step)
+        for _ in batches:
+            time.sleep(step)
+    return statistics.median(waits)
 
 
 def time_memcpy(arrays: tuple[np.ndarray, ...], size: int, duration: float) -> dict[str, Any]:
@@ -115,7 +149,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         loader = CONTENDERS[contender](dataset, batch_size, spec["workers"])
         gc.collect()
         baseline = tree_memory_now()
-        result = time_loader(loader, spec["duration"])
+        result = time_loader(loader, spec["duration"], stepping=spec["workers"] > 0)
         result.update(baseline)
         close = getattr(loader, "close", None)
         if close is not None:

@@ -7,6 +7,7 @@ import time
 from typing import IO, Any
 
 from fastload._bench.contenders import BASELINES, MEMCPY
+from fastload._bench.measure import STEP_OVER_INTERVAL
 from fastload._bench.runner import Outcome, summarize
 from fastload._bench.workloads import WORKLOADS
 
@@ -47,7 +48,7 @@ def table(outcome: Outcome) -> str:
     """The summary as a text table, with the versions and any notes."""
     rows = summarize(outcome)
     header = ["workload", "contender", "workers", "samples/s", "MB/s", "first batch ms",
-              "next epoch ms", "peak PSS MiB", "charged MiB", *(f"vs {b}" for b in BASELINES),
+              "next epoch ms", "stepping ms", "peak PSS MiB", "charged MiB", *(f"vs {b}" for b in BASELINES),
               "of memcpy"]
     body = []
     for row in rows:
@@ -56,6 +57,7 @@ def table(outcome: Outcome) -> str:
             row["workload"], row["contender"], str(row["workers"]),
             _number(row["samples_per_s"]), _number(row["mb_per_s"], digits=1),
             _number(row["first_batch_s"], 1e3, 2), _number(row["next_epoch_first_batch_s"], 1e3, 2),
+            _number(row["stepping_next_epoch_first_batch_s"], 1e3, 2),
             _number(row["peak_pss"], 2 ** -20, 1), _number(row["peak_charged"], 2 ** -20, 1),
             *(_ratio(ratios.get(b)) for b in BASELINES),
             "-" if row.get("memcpy_share") is None else f"{row['memcpy_share']:.0%}",
@@ -70,6 +72,9 @@ def table(outcome: Outcome) -> str:
         " ".join(f"{k}={v}" for k, v in outcome.environment.items()),
         f"{plan.duration:g} s per measurement, median of {plan.repeats} repeat(s); "
         "ratios are of samples/s at the same number of workers",
+        "next epoch: a later epoch's first batch, the loop taking batches back to back; "
+        f"stepping: the same while the loop sleeps {STEP_OVER_INTERVAL:g} batch intervals "
+        "after each batch",
         "memory is the peak of the process tree: PSS, and charged (PSS outside shared "
         "memory plus each shared-memory object at its allocated size)",
         "cpu_capacity: CPUs' worth of work one busy process per CPU got, before and after; "

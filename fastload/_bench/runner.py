@@ -44,6 +44,7 @@ GRACE_SECONDS = 60.0
 # difference, what the loader added to the data and the imports (torch's
 # are large).
 METRICS = ("samples_per_s", "mb_per_s", "first_batch_s", "next_epoch_first_batch_s",
+           "stepping_next_epoch_first_batch_s", "batch_interval_s",
            "peak_pss", "baseline_pss", "loader_pss",
            "peak_charged", "baseline_charged", "loader_charged")
 
