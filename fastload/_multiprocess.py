@@ -19,8 +19,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import pickle
-from collections import deque
 import time
+from collections import deque
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
@@ -175,12 +175,8 @@ class MultiProcessingIter(BaseIter):
             self._carried = lookahead.tasks
         else:
             lookahead, self._carried = None, deque()
-        # The rest of the last epoch: tasks in flight become stale, batches
-        # loaded and never yielded are dropped (their slots come back).
         carried = {task_id for task_id, _, _ in self._carried}
-        self._stale.update((t, task) for t, task in self._tasks.items() if t not in carried)
-        self._tasks = {t: task for t, task in self._tasks.items() if t in carried}
-        self._ready = {t: entry for t, entry in self._ready.items() if t in carried}
+        self._abandon([t for t in (*self._tasks, *self._ready) if t not in carried])
         with self._deaths_reported():
             if lookahead is None:
                 self._workers.reset(epoch)  # a lookahead sent this already
@@ -264,14 +260,19 @@ class MultiProcessingIter(BaseIter):
         return None
 
     def _drop_carried(self) -> None:
-        """Give up the carried lookahead tasks: those in flight become
-        stale, loaded batches are dropped."""
-        for task_id, _, _ in self._carried:
+        """Give up the carried lookahead tasks."""
+        self._abandon([task_id for task_id, _, _ in self._carried])
+        self._carried.clear()
+
+    def _abandon(self, task_ids: list[int]) -> None:
+        """Give up tasks: those in flight become stale (their slots stay
+        leased until the worker answers), batches loaded and never yielded
+        are dropped (their slots come back)."""
+        for task_id in task_ids:
             task = self._tasks.pop(task_id, None)
             if task is not None:
                 self._stale[task_id] = task
             self._ready.pop(task_id, None)
-        self._carried.clear()
 
     def _acquire_at_cap(self) -> Any:
         """A slot when the pool may not grow: from now on batches are copied
