@@ -33,7 +33,7 @@ import numpy as np
 import fastload as fl
 from fastload._bench import runner
 from fastload._stats import WorkerStats
-from fastload._worker import DONE
+from fastload._protocol import DONE
 
 CALLS = 100_000
 BATCH_SIZES = (256, 16)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from fastload import _memory
-from fastload._workers import INITIAL_SLOT_BYTES
+from fastload._worker_group import INITIAL_SLOT_BYTES
 from fastload_c import shm
 from fastload_c.ring import Ring
 

@@ -35,6 +35,15 @@ class DatasetFetcher:
     def fetch(self, possibly_batched_index: Any) -> Any:
         raise NotImplementedError
 
+    def fetch_samples(self, index: Any) -> Any:
+        """The samples of one batch, not yet collated."""
+        raise NotImplementedError
+
+    def collate(self, samples: Any, index: Any) -> Any:
+        """The batch of ``samples`` (fetched for ``index``): what ``fetch``
+        returns, for a caller that fetched the samples itself."""
+        return self.collate_fn(samples)
+
 
 def name_dataset_indices(error: CollateError, index: Sequence[Any]) -> CollateError:
     """The collate error, with the dataset indices of the two samples it names."""
@@ -80,10 +89,11 @@ class MapDatasetFetcher(DatasetFetcher):
             sample = self.dataset[possibly_batched_index]
             sample_context.index = None
             return self.collate_fn(sample)
-        index = possibly_batched_index
-        data = self.fetch_samples(index)
+        return self.collate(self.fetch_samples(possibly_batched_index), possibly_batched_index)
+
+    def collate(self, samples: Any, index: Any) -> Any:
         try:
-            return self.collate_fn(data)
+            return self.collate_fn(samples)
         except CollateError as error:
             named = name_dataset_indices(error, index)
             if named is error:
@@ -127,7 +137,7 @@ class IterableDatasetFetcher(DatasetFetcher):
             raise StopIteration
         if not self.auto_collation:
             return self.collate_fn(next(self.dataset_iter))
-        return self.collate_fn(self.fetch_samples(possibly_batched_index))
+        return self.collate(self.fetch_samples(possibly_batched_index), possibly_batched_index)
 
 
 def create_fetcher(

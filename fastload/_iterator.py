@@ -283,7 +283,15 @@ class SingleProcessIter(BaseIter):
             progress.sampler_step = progress.yielded + 1
         sample_context.base_seed = progress.base_seed
         sample_context.epoch = progress.epoch
-        data = self._fetcher.fetch(index)
+        try:
+            data = self._fetcher.fetch(index)
+        except StopIteration:
+            raise
+        except Exception:
+            # The batch is delivered as its exception; the epoch goes on
+            # after it, whichever iterator loads (NOTE [ Fast paths ]).
+            progress.yielded += 1
+            raise
         if snapshot and self._dataset_stateful:
             progress.dataset = dataset_state(self._dataset)
             progress.dataset_step = progress.yielded + 1

@@ -11,7 +11,7 @@ user drops the last view (NOTE [ Slot ownership and lifetime ] in
 fastload_c.slab).
 
 While it waits the main thread sleeps on one doorbell that every result ring
-and the SIGCHLD handler ring (NOTE [ worker-death detection ] in
+and the SIGCHLD handler ring (NOTE [ Worker-death detection ] in
 fastload_c/src/fl_proc.h): a result wakes it, and so does a worker's death.
 """
 from __future__ import annotations
@@ -28,10 +28,10 @@ from fastload._iterator import BaseIter, WorkerProgress
 from fastload._lookahead import next_epoch_head
 from fastload._state import sampler_state
 from fastload._stats import LoaderStats, WorkerStats
-from fastload._worker import (
-    DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT, TASK, WorkerError,
-)
-from fastload._workers import WorkerGroup, WorkerGroupDied, describe_exit
+from fastload import _protocol
+from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, LARGE, NEED, RESLOT
+from fastload._worker_group import WorkerGroup, WorkerGroupDied, describe_exit
+from fastload._worker_process import WorkerError
 from fastload.errors import ShmError, WorkerDiedError
 from fastload_c import pack
 
@@ -216,8 +216,19 @@ class MultiProcessingIter(BaseIter):
 
     def _send_task(self, worker_id: int, index: Any, lease: Any, snapshot: Any) -> int:
         task_id = next(self._task_ids)
-        self._tasks[task_id] = _Task(worker_id, index, lease, snapshot)
-        self._workers.send(worker_id, (TASK, task_id, index, _slot_of(lease)))
+        task = self._tasks[task_id] = _Task(worker_id, index, lease, snapshot)
+
+        def place_index(index_bytes: bytes) -> tuple[int, int, int]:
+            # An index too large for a record starts the task's slot.
+            if task.lease.capacity < len(index_bytes):
+                task.lease = (self._workers.pool.acquire(len(index_bytes))
+                              or self._acquire_at_cap())
+            with memoryview(task.lease) as slot:
+                slot[:len(index_bytes)] = index_bytes
+            return _slot_of(task.lease)
+
+        self._workers.send_record(
+            worker_id, _protocol.task_message(task_id, index, _slot_of(lease), place_index))
         return task_id
 
     def _start_lookahead(self) -> None:
@@ -309,13 +320,15 @@ class MultiProcessingIter(BaseIter):
             task_id = self._next_ready()
             if task_id is not None:
                 task, batch = self._ready.pop(task_id)
-                if isinstance(batch, _Failure):
-                    self._reraise(batch.error)
+                # A failed batch is delivered as its exception: the epoch
+                # goes on after it, as in the main process and in torch.
                 self._delivered(task)
                 if self._workers.pool.free_slots:
                     self._dispatch()
                 else:
                     self._owed += 1  # growing the pool can wait for the next call
+                if isinstance(batch, _Failure):
+                    batch.error.reraise(self._workers.pids[batch.error.worker_id])
                 if self._pin_custom and hasattr(batch, "pin_memory"):
                     batch = batch.pin_memory()  # the slots themselves are pinned
                 return self._convert(batch)
@@ -394,12 +407,14 @@ class MultiProcessingIter(BaseIter):
         while True:
             seen = workers.doorbell.seq
             handled = False
-            for ring in workers.result_rings:
+            for worker_id, ring in enumerate(workers.result_rings):
                 while True:
                     data = ring.try_get()
                     if data is None:
                         break
                     message = pickle.loads(data)
+                    if message[0] == LARGE:
+                        message = workers.receive_large(worker_id, message[1])
                     if defer_needs and message[0] == NEED:
                         self._needs.append(message)
                     else:
@@ -430,7 +445,7 @@ class MultiProcessingIter(BaseIter):
         kind, task_id = message[0], message[1]
         task = self._tasks.get(task_id)
         if kind == FAILED and task_id == INIT_TASK:
-            self._reraise(message[2])
+            self._raise_setup_failure(message[2])
         if task is None:
             self._handle_stale(kind, task_id, message)
             return
@@ -451,9 +466,10 @@ class MultiProcessingIter(BaseIter):
             del self._tasks[task_id]
             self._ready[task_id] = (task, _Failure(message[2]))
 
-    def _reraise(self, error: WorkerError) -> None:
-        """A worker's exception, raised here with its type and traceback text;
-        the workers are shut down first (the epoch cannot go on)."""
+    def _raise_setup_failure(self, error: WorkerError) -> None:
+        """A worker's failure outside a task (worker_init_fn, its task loop),
+        raised here with its type and traceback text; the workers are shut
+        down first (the epoch cannot go on)."""
         pid = self._workers.pids[error.worker_id]
         self._workers.shutdown()
         error.reraise(pid)

@@ -43,10 +43,17 @@ def default_collate(batch: Sequence[Any]) -> Any:
     """
     if type(batch) is GatheredBatch:
         return [
-            column if column.dtype.kind in _NUMERIC_KINDS else _collate(list(column))
+            column if is_stacked_column(column) else _collate(list(column))
             for column in batch.columns
         ]
     return _collate(batch)
+
+
+def is_stacked_column(column: np.ndarray) -> bool:
+    """Whether a gathered column already is its batch, which default_collate
+    returns as it is: numeric kinds (strings and objects are collated per
+    sample, as torch does)."""
+    return column.dtype.kind in _NUMERIC_KINDS
 
 
 def _collate(batch: Sequence[Any]) -> Any:

@@ -55,6 +55,9 @@ cdef cnp.ndarray _array_at(char *data, cnp.dtype descr, tuple shape, object base
     """A C-contiguous writable array over `data`; `base` keeps the memory alive."""
     cdef cnp.npy_intp dims[64]
     cdef int i, nd = len(shape)
+    if nd > 64:  # NPY_MAXDIMS of numpy 2, the most dims holds
+        raise ValueError("maximum supported dimension for an ndarray is 64, found {}"
+                         .format(nd))
     for i in range(nd):
         dims[i] = shape[i]
     Py_INCREF(descr)

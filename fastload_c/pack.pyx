@@ -194,6 +194,10 @@ cdef _Node _build(_Plan plan, object o, bint in_sequence):
         if node.kind == K_ARRAY:
             node.src = (<cnp.ndarray>o).descr
             node.ndim = cnp.PyArray_NDIM(<cnp.ndarray>o)
+            if node.ndim >= 64:
+                # The batch adds a dimension; numpy holds at most 64.
+                raise ValueError("maximum supported dimension for an ndarray is 64, found {}"
+                                 .format(node.ndim + 1))
             for i in range(node.ndim):
                 node.shape[i] = cnp.PyArray_DIMS(<cnp.ndarray>o)[i]
         else:

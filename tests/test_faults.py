@@ -107,12 +107,17 @@ def test_sigkill_detection_latency_when_idle_waiting():
 
 def test_exception_in_worker_keeps_type_traceback_worker_and_index():
     loader = fl.DataLoader(Failing(), batch_size=4, num_workers=2)
+    it = iter(loader)
+    delivered = [next(it).tolist() for _ in range(3)]
     with pytest.raises(KeyError) as info:
-        list(loader)
+        next(it)
     message = str(info.value)
     assert "no sample thirteen" in message
     assert "worker" in message and "index 13" in message
     assert "Traceback" in message and "__getitem__" in message
+    # Only that batch failed: the epoch goes on, as with num_workers=0.
+    delivered += [batch.tolist() for batch in it]
+    assert delivered == [list(range(i, i + 4)) for i in range(0, 32, 4) if i != 12]
     assert not worker_children()
 
 
@@ -129,11 +134,13 @@ def test_exception_in_worker_is_raised_when_its_batch_is_due():
     # As torch: the batches before the failing one are delivered first, even
     # when the failure reaches the main process before they do.
     loader = fl.DataLoader(FailingAfterSlow(), batch_size=4, num_workers=2)
+    it = iter(loader)
     delivered = []
     with pytest.raises(KeyError):
-        for batch in loader:
+        for batch in it:
             delivered.append(batch.tolist())
     assert delivered == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    del it
     assert not worker_children()
 
 

@@ -1,38 +1,7 @@
-"""The worker process: take tasks from its ring, fetch, collate into a slot,
-answer on its result ring.
-
-NOTE [ Worker protocol ]
-
-Every message is a pickled tuple whose first item says what it is.
-
-Main process -> worker (task ring):
-  (TASK, task_id, index, slot)     fetch ``index`` (a list of indices, one
-                                   index, or None for an iterable dataset)
-                                   and write the batch into ``slot``, a
-                                   (segment_id, offset, capacity) triple
-  (RESLOT, task_id, slot)          the bigger slot a NEED asked for
-  (SEGMENT, segment_id, nbytes)    a new pool segment; its descriptor was sent
-                                   just before on the worker's Unix socket
-  (RETIRE, segment_id)             unmap a segment the pool dropped
-  (RESET, epoch)                   a new epoch with persistent workers: start
-                                   a fresh fetcher (a new dataset iterator)
-Worker -> main process (result ring):
-  (DONE, task_id, layout, fetch_s, collate_s, has_state, state, ended)
-                                   the batch is in the task's slot; the
-                                   seconds it took to fetch and to collate;
-                                   on snapshot steps the iterable dataset's
-                                   state after this batch; whether the
-                                   dataset ran out while filling it
-  (NEED, task_id, nbytes)          the batch needs a slot of ``nbytes``; the
-                                   worker keeps the fetched data meanwhile, so
-                                   nothing is fetched twice (an iterable
-                                   dataset cannot be rewound)
-  (ENDED, task_id)                 an iterable dataset is exhausted
-  (FAILED, task_id, WorkerError)   the dataset or collate_fn raised
-
-A worker handles its tasks in the order they were sent. Closing the task
-ring is the request to exit: the worker's blocking get raises
-RingClosedError once the ring is drained.
+"""The body of a worker process: take tasks from its ring, fetch, write each
+batch into its slot, answer on its result ring (NOTE [ Worker protocol ] in
+fastload._protocol; how a batch is written: NOTE [ Fast paths ] in
+fastload._fast_path).
 """
 from __future__ import annotations
 
@@ -49,20 +18,20 @@ from typing import Any
 
 import numpy as np
 
-from fastload._fetch import DatasetKind, create_fetcher, name_dataset_indices
+from fastload import _protocol
+from fastload._fast_path import BatchWriter
+from fastload._fetch import DatasetKind, create_fetcher
+from fastload._protocol import (
+    DONE, ENDED, FAILED, INIT_TASK, NEED, RESET, RESLOT, RETIRE, SEGMENT, TASK,
+    TASK_INDEX_IN_SLOT,
+)
 from fastload._sample_rng import context as sample_context
 from fastload._worker_info import WorkerInfo, set_worker_info
-from fastload.collate import default_collate
-from fastload.dataset import ArrayDataset, Subset
-from fastload.errors import CollateError, RingClosedError
-from fastload_c import pack, proc
+from fastload.errors import RingClosedError
+from fastload_c import proc
 from fastload_c.pack import SlotTooSmallError
 from fastload_c.shm import Segment
 
-TASK, RESLOT, SEGMENT, RETIRE, RESET = range(5)
-DONE, NEED, ENDED, FAILED = range(4)
-# The task id of failures outside a task (worker_init_fn, the task loop).
-INIT_TASK = -1
 # How long a worker waits on a ring before it checks that its parent lives.
 PARENT_CHECK_SECONDS = 0.5
 
@@ -98,6 +67,12 @@ class WorkerError:
         return (_rebuild_worker_error, (exc_type, self.text, self.worker_id, self.where))
 
     def reraise(self, pid: int) -> None:
+        # Raised from a call, so no frame of ours holds the exception in a
+        # local: a cycle would keep the iterator (and its workers) alive.
+        raise self.exception(pid)
+
+    def exception(self, pid: int) -> BaseException:
+        """The worker's exception, rebuilt in this process."""
         message = (
             f"Caught {self.exc_type.__name__} in DataLoader worker {self.worker_id} "
             f"(pid {pid}) {self.where}.\nOriginal {self.text}"
@@ -106,10 +81,10 @@ class WorkerError:
             # KeyError's str() is the repr of its argument: keep the text readable.
             message = _ReadableKeyErrorMessage(message)
         try:
-            exc = self.exc_type(message)
+            exc: BaseException = self.exc_type(message)
         except Exception:
             exc = RuntimeError(message)
-        raise exc
+        return exc
 
 
 class _ReadableKeyErrorMessage(str):
@@ -160,19 +135,6 @@ HEAP_KEEP_BYTES = 64 << 20
 HEAP_BLOCK_BYTES = 32 << 20
 
 
-def gather_columns(dataset: Any, index: Any) -> tuple[tuple[np.ndarray, ...], Any] | None:
-    """(source arrays, row numbers) when the batch can be gathered straight
-    from the arrays of an ArrayDataset (or a Subset of one), else None."""
-    if isinstance(dataset, Subset):
-        inner = gather_columns(dataset.dataset, index)
-        if inner is None:
-            return None
-        return inner[0], np.asarray(dataset.indices)[np.asarray(inner[1], dtype=np.intp)]
-    if type(dataset) is ArrayDataset:
-        return dataset.arrays, index
-    return None
-
-
 class _Worker:
     """One worker's state: its rings, mapped segments and fetcher."""
 
@@ -188,7 +150,7 @@ class _Worker:
         self.kind: DatasetKind = config["dataset_kind"]
         self.auto_collation: bool = config["auto_collation"]
         self.collate_fn = config["collate_fn"]
-        self.default_collation = self.auto_collation and self.collate_fn is default_collate
+        self.writer = BatchWriter(self.dataset, self.kind, self.auto_collation, self.collate_fn)
         self.backlog: deque[tuple[Any, ...]] = deque()
         self.fetcher: Any = None
         self.ended = False
@@ -198,13 +160,22 @@ class _Worker:
         self.batches_done = 0
 
     def reply(self, *message: Any) -> None:
-        data = pickle.dumps(message, protocol=5)
+        _protocol.send_result(self.put_result, self.socket, message, self.check_main_reads)
+
+    def put_result(self, data: bytes) -> None:
         while True:
             try:
                 self.results.put(data, PARENT_CHECK_SECONDS)
                 return
             except TimeoutError:
                 self.exit_if_orphaned()
+
+    def check_main_reads(self) -> None:
+        """While a large message waits to be read: a loader shutting down
+        (its rings closed) will not read it."""
+        if self.results.closed:
+            raise RingClosedError("the loader is shutting down")
+        self.exit_if_orphaned()
 
     def receive(self) -> tuple[Any, ...]:
         while True:
@@ -220,7 +191,7 @@ class _Worker:
 
     def exit_if_orphaned(self) -> None:
         """A worker whose parent died (and was not killed with it: see NOTE
-        [ Shutdown protocol ] in fastload._workers) ends itself."""
+        [ Shutdown protocol ] in fastload._worker_group) ends itself."""
         if os.getppid() != self.config["parent_pid"] and not _pid_alive(self.config["parent_pid"]):
             os._exit(0)
 
@@ -243,6 +214,8 @@ class _Worker:
                 self.fetcher.fetch(index)
             except StopIteration:
                 break
+            except Exception:
+                pass  # a batch that failed was delivered as its exception
         self.batches_done = progress["yielded"]
         self.ended = progress["ended"]
 
@@ -257,10 +230,13 @@ class _Worker:
             except RingClosedError:
                 return
             kind = message[0]
-            if kind == TASK:
+            if kind == TASK or kind == TASK_INDEX_IN_SLOT:
                 if self.tasks.closed:
                     return  # shutting down: the rest of the queue is moot
-                self.load(message[1], message[2], message[3])
+                task_id, index, slot = message[1], message[2], message[3]
+                if kind == TASK_INDEX_IN_SLOT:
+                    index = self.index_in_slot(slot, index)
+                self.load(task_id, index, slot)
             elif kind == SEGMENT:
                 self.receive_segment(message[1], message[2])
             elif kind == RETIRE:
@@ -268,6 +244,13 @@ class _Worker:
             elif kind == RESET:
                 sample_context.epoch = message[1]
                 self.new_fetcher()
+
+    def index_in_slot(self, slot: tuple[int, int, int], nbytes: int) -> Any:
+        """A task's index that the main process wrote at the start of its slot."""
+        segment_id, offset, _ = slot
+        with memoryview(self.segments[segment_id]) as whole, \
+                whole[offset:offset + nbytes] as part:
+            return pickle.loads(part)
 
     def receive_segment(self, segment_id: int, nbytes: int) -> None:
         _, fds, _, _ = socket.recv_fds(self.socket, 16, 1)
@@ -281,12 +264,13 @@ class _Worker:
             return
         started = time.perf_counter()
         try:
-            write = self.fetch(index)
+            write = self.writer.prepare(self.fetcher, index)
         except StopIteration:
             self.ended = True
             self.reply(ENDED, task_id)
             return
         except Exception as exc:
+            self.batches_done += 1
             self.fail(task_id, exc, index)
             return
         fetched = time.perf_counter()
@@ -302,11 +286,6 @@ class _Worker:
             except SlotTooSmallError as small:
                 slot = self.await_reslot(task_id, small.needed)
                 continue
-            except CollateError as exc:
-                # Collated here, in the slot: the fetcher could not name the
-                # dataset indices, so name them now.
-                self.fail(task_id, name_dataset_indices(exc, index), index)
-                return
             except Exception as exc:
                 self.fail(task_id, exc, index)
                 return
@@ -332,19 +311,6 @@ class _Worker:
             else:
                 held.append(message)
 
-    def fetch(self, index: Any) -> Any:
-        """Fetch the data of one task; return a function that writes it into
-        a slot (segment, offset, capacity) and returns the layout."""
-        if self.default_collation:
-            columns = gather_columns(self.dataset, index) if self.kind is DatasetKind.MAP else None
-            if columns is not None:
-                arrays, rows = columns
-                return lambda seg, off, cap: pack.gather_into(arrays, rows, seg, off, cap)
-            samples = self.fetcher.fetch_samples(index)
-            return lambda seg, off, cap: pack.collate_into(samples, seg, off, cap)
-        batch = self.fetcher.fetch(index)
-        return lambda seg, off, cap: pack.pickle_into(batch, seg, off, cap)
-
     def describe(self, index: Any) -> str:
         failed_at = sample_context.index
         sample_context.index = None
@@ -367,6 +333,11 @@ def worker_main(config: dict[str, Any], task_ring: Any, result_ring: Any,
             proc.die_with_parent(config["parent_pid"])
         except ProcessLookupError:
             os._exit(0)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # As torch's own workers: a forked copy of torch's intra-op thread
+        # pool can deadlock, and workers x threads oversubscribe the CPUs.
+        torch.set_num_threads(1)
     worker_id = config["worker_id"]
     seed = seed_worker(config["base_seed"], worker_id)
     sample_context.base_seed = config["base_seed"]

@@ -1,6 +1,7 @@
-"""A set of worker processes and everything they share with the main
+"""A group of worker processes and everything they share with the main
 process: task and result rings, the doorbell, the slab pool, the sockets that
-carry new segments. The iterator (``_multiprocess``) decides what to load;
+carry new segments and large messages. The iterator (``_multiprocess``)
+decides what to load;
 this module starts, watches and stops the processes.
 
 NOTE [ Shutdown protocol ]
@@ -43,12 +44,14 @@ import weakref
 from typing import Any
 
 from fastload import _memory
-from fastload._worker import RESET, RETIRE, SEGMENT, worker_main
+from fastload import _protocol
+from fastload._protocol import RESET, RETIRE, SEGMENT
+from fastload._worker_process import worker_main
 from fastload_c import proc
 from fastload_c.ring import Doorbell, Ring
 
-# Tasks carry index lists; results carry layouts and error reports.
-TASK_RING_BYTES = 1 << 20
+# Results are records of at most _protocol.INLINE_BYTES; the main process
+# drains them as they come.
 RESULT_RING_BYTES = 1 << 18
 # A first guess at the batch size; the first batch that needs more raises it.
 INITIAL_SLOT_BYTES = 1 << 20
@@ -87,9 +90,12 @@ class _Channels:
         self.processes: list[Any] = []
 
     def send(self, worker_id: int, message: tuple[Any, ...]) -> None:
-        """Put a message on a worker's task ring, noticing its death while
+        """Put a small message on a worker's task ring."""
+        self.send_record(worker_id, _protocol.dumps(message))
+
+    def send_record(self, worker_id: int, data: bytes) -> None:
+        """Put a record on a worker's task ring, noticing its death while
         the ring is full."""
-        data = pickle.dumps(message, protocol=5)
         ring = self.task_rings[worker_id]
         while True:
             try:
@@ -133,6 +139,7 @@ class WorkerGroup:
                  resume: list[Any] | None) -> None:
         context = loader.multiprocessing_context or multiprocessing.get_context()
         self.num_workers: int = loader.num_workers
+        self._task_ring_bytes = _protocol.task_ring_bytes(loader.prefetch_factor)
         self.method: str = context.get_start_method()
         self.doorbell = Doorbell()
         self.sigchld = _sigchld_wakes_us(context)
@@ -172,7 +179,7 @@ class WorkerGroup:
             self._start(context, config, initial_segments)
 
     def _start(self, context: Any, config: dict[str, Any], segments: dict[int, Any]) -> None:
-        tasks = Ring(TASK_RING_BYTES)
+        tasks = Ring(self._task_ring_bytes)
         results = Ring(RESULT_RING_BYTES, self.doorbell)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         process = context.Process(
@@ -203,6 +210,23 @@ class WorkerGroup:
 
     def send(self, worker_id: int, message: tuple[Any, ...]) -> None:
         self.channels.send(worker_id, message)
+
+    def send_record(self, worker_id: int, data: bytes) -> None:
+        self.channels.send_record(worker_id, data)
+
+    def receive_large(self, worker_id: int, nbytes: int) -> tuple[Any, ...]:
+        """The large message a worker announced (NOTE [ Worker protocol ])."""
+        try:
+            return _protocol.receive_large(self.sockets[worker_id], nbytes, self._death_check)
+        except EOFError:
+            deadline = time.monotonic() + JOIN_SECONDS
+            while time.monotonic() < deadline:
+                self.raise_if_dead()  # the socket closes as the worker dies
+                time.sleep(0.01)
+            raise
+
+    def _death_check(self) -> None:
+        self.raise_if_dead()
 
     def reset(self, epoch: int) -> None:
         """A new epoch with persistent workers: fresh fetchers everywhere."""

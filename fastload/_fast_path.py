@@ -1,0 +1,153 @@
+"""How a worker puts a batch into its slot: a C fast path where it provably
+gives the batch the main process would compute, else the general path.
+
+NOTE [ Fast paths ]
+
+A worker computes what ``num_workers=0`` computes: the same fetcher
+(``fastload._fetch``: the dataset's own ``__getitems__``/``__getitem__``,
+the ``Subset`` and ``ConcatDataset`` rules) and the same ``collate_fn``.
+The general path is exactly that: ``fetcher.fetch``'s batch, pickled into
+the slot (protocol 5, large buffers out of band, so arrays still arrive as
+views of the slot). The writers of ``fastload_c.pack`` are optimisations,
+taken only under default collation and only where they give the same
+batch:
+
+- gather: the dataset's type is exactly ``ArrayDataset``, or exactly
+  ``Subset`` (nested, over integer index arrays) of one, and every array is
+  numeric. ``ArrayDataset.__getitems__`` then gathers one column per array
+  and ``default_collate`` returns the columns as they are; ``gather_into``
+  copies the same rows straight into the slot. A Subset's indices are
+  turned into one array per worker, not per batch. Subclasses may
+  override anything, so they take the general path.
+- columns: the dataset returned a ``GatheredBatch`` (``ConcatDataset`` of
+  ArrayDatasets, say) whose columns are all numeric: copied as they are.
+- collate: any other samples go through ``collate_into``, which mirrors
+  ``default_collate`` for arrays, numbers, strings and containers.
+
+A fast path never decides an outcome it is unsure of: when one raises
+(a leaf it does not handle, such as a torch tensor or an object array;
+samples that disagree; an index out of range), the general path runs on the
+same samples (the dataset is not asked twice), and its batch or its
+exception is the outcome, exactly as in the main process. Only
+``SlotTooSmallError`` passes through: the batch is then written again into
+a bigger slot. A test compares every path with ``num_workers=0`` on
+generated datasets (tests/test_worker_differential.py).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from fastload._fetch import DatasetFetcher, DatasetKind
+from fastload._gathered import GatheredBatch
+from fastload.collate import default_collate, is_stacked_column
+from fastload.dataset import ArrayDataset, Subset
+from fastload_c import pack
+from fastload_c.pack import SlotTooSmallError
+
+# (target, offset, capacity) -> layout; see fastload_c.pack.
+Write = Callable[[Any, int, int], bytes]
+
+
+def _gather_source(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None] | None:
+    """(arrays, row map) when batches of ``dataset`` are rows of numeric
+    arrays at ``row_map[index]`` (no map: at ``index``), else None."""
+    if type(dataset) is ArrayDataset:
+        if all(is_stacked_column(array) for array in dataset.arrays):
+            return dataset.arrays, None
+        return None
+    if type(dataset) is Subset:
+        inner = _gather_source(dataset.dataset)
+        if inner is None:
+            return None
+        rows = np.asarray(dataset.indices)
+        if rows.ndim != 1 or (rows.size and rows.dtype.kind not in "iu"):
+            return None
+        rows = rows.astype(np.intp, copy=False)
+        arrays, inner_rows = inner
+        if inner_rows is not None:
+            rows = inner_rows[rows]  # IndexError: the general path says so
+        return arrays, rows
+    return None
+
+
+class BatchWriter:
+    """The writes of one worker's batches (NOTE [ Fast paths ])."""
+
+    def __init__(self, dataset: Any, kind: DatasetKind, auto_collation: bool,
+                 collate_fn: Callable[[Any], Any]) -> None:
+        self._default_collation = auto_collation and collate_fn is default_collate
+        self._gather: tuple[tuple[np.ndarray, ...], np.ndarray | None] | None = None
+        if self._default_collation and kind is DatasetKind.MAP:
+            try:
+                self._gather = _gather_source(dataset)
+            except IndexError:
+                self._gather = None
+
+    def prepare(self, fetcher: DatasetFetcher, index: Any) -> Write:
+        """Fetch the data of one task; return the function that writes its
+        batch into a slot. Raises what fetching raises (StopIteration when
+        an iterable dataset is exhausted)."""
+        if not self._default_collation:
+            return _pickled(fetcher.fetch(index))
+        if self._gather is not None:
+            arrays, row_map = self._gather
+            rows = _rows(index, row_map)
+            if rows is None:
+                return _pickled(fetcher.fetch(index))
+            return _FastWrite(
+                lambda t, o, c: pack.gather_into(arrays, rows, t, o, c),
+                lambda: fetcher.fetch(index))
+        samples = fetcher.fetch_samples(index)
+        if type(samples) is GatheredBatch:
+            if not all(is_stacked_column(column) for column in samples.columns):
+                return _pickled(fetcher.collate(samples, index))
+            columns = samples.columns
+            everything = np.arange(len(samples))
+            return _FastWrite(
+                lambda t, o, c: pack.gather_into(columns, everything, t, o, c),
+                lambda: fetcher.collate(samples, index))
+        return _FastWrite(lambda t, o, c: pack.collate_into(samples, t, o, c),
+                          lambda: fetcher.collate(samples, index))
+
+
+def _rows(index: Any, row_map: np.ndarray | None) -> np.ndarray | None:
+    """The array rows of a batch index, or None when the index is not a
+    plain list of integers (the general path then says what it means)."""
+    try:
+        rows = np.asarray(index)
+        if rows.ndim != 1 or rows.dtype.kind not in "iu":
+            return None
+        rows = rows.astype(np.intp, casting="safe", copy=False)
+        return rows if row_map is None else row_map[rows]
+    except (IndexError, TypeError, ValueError, OverflowError):
+        return None
+
+
+def _pickled(batch: Any) -> Write:
+    return lambda t, o, c: pack.pickle_into(batch, t, o, c)
+
+
+class _FastWrite:
+    """A fast write that falls back, for good, to the general path's batch
+    the first time it raises anything but SlotTooSmallError."""
+
+    __slots__ = ("_fast", "_general", "_fallback")
+
+    def __init__(self, fast: Write, general: Callable[[], Any]) -> None:
+        self._fast = fast
+        self._general = general
+        self._fallback: Write | None = None
+
+    def __call__(self, target: Any, offset: int, capacity: int) -> bytes:
+        if self._fallback is None:
+            try:
+                return self._fast(target, offset, capacity)
+            except SlotTooSmallError:
+                raise
+            except Exception:
+                # The general path decides: its batch, or its exception.
+                self._fallback = _pickled(self._general())
+        return self._fallback(target, offset, capacity)

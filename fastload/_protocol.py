@@ -1,0 +1,145 @@
+"""What the main process and its workers say to each other, and how.
+
+NOTE [ Worker protocol ]
+
+Every message is a tuple whose first item says what it is, pickled and put
+on a ring: the worker's task ring (main process -> worker) or its result
+ring (worker -> main process). Rings have a fixed capacity, so a ring record
+is always small (at most ``INLINE_BYTES``): whatever has no bound of its
+own travels beside it, never in it.
+
+Main process -> worker (task ring):
+  (TASK, task_id, index, slot)     fetch ``index`` (a list of indices, one
+                                   index, or None for an iterable dataset)
+                                   and write the batch into ``slot``, a
+                                   (segment_id, offset, capacity) triple
+  (TASK_INDEX_IN_SLOT, task_id, nbytes, slot)
+                                   the same, with an index whose pickle is
+                                   larger than a record: its ``nbytes``
+                                   bytes start the slot, and the worker reads
+                                   them before it writes anything there
+  (RESLOT, task_id, slot)          the bigger slot a NEED asked for
+  (SEGMENT, segment_id, nbytes)    a new pool segment; its descriptor was sent
+                                   just before on the worker's Unix socket
+  (RETIRE, segment_id)             unmap a segment the pool dropped
+  (RESET, epoch)                   a new epoch with persistent workers: start
+                                   a fresh fetcher (a new dataset iterator)
+Worker -> main process (result ring):
+  (DONE, task_id, layout, fetch_s, collate_s, has_state, state, ended)
+                                   the batch is in the task's slot; the
+                                   seconds it took to fetch and to collate;
+                                   on snapshot steps the iterable dataset's
+                                   state after this batch; whether the
+                                   dataset ran out while filling it
+  (NEED, task_id, nbytes)          the batch needs a slot of ``nbytes``; the
+                                   worker keeps the fetched data meanwhile, so
+                                   nothing is fetched twice (an iterable
+                                   dataset cannot be rewound)
+  (ENDED, task_id)                 an iterable dataset is exhausted
+  (FAILED, task_id, WorkerError)   loading the batch raised; the worker goes on
+                                   with its next task (task_id INIT_TASK: the
+                                   worker failed outside a task and exits)
+  (LARGE, nbytes)                  the next message is larger than a record:
+                                   its ``nbytes`` bytes follow on the worker's
+                                   Unix socket (a layout with long strings, a
+                                   long traceback, a large dataset state)
+
+Why these two ways around the ring: a worker that streams a large message
+into the socket only waits for the main process to read it, which the main
+process does as soon as it sees LARGE, so the wait always ends. The main
+process must never wait on a worker that way (the worker may be busy, or
+waiting for a RESLOT the main process would then never send), so a large
+index goes into the task's slot, which the main process owns until the
+task is sent. Neither way has a size limit.
+
+A worker handles its tasks in the order they were sent. Closing the task
+ring is the request to exit: the worker's blocking get raises
+RingClosedError once the ring is drained.
+"""
+from __future__ import annotations
+
+import pickle
+import socket
+from collections.abc import Callable
+from typing import Any
+
+TASK, TASK_INDEX_IN_SLOT, RESLOT, SEGMENT, RETIRE, RESET = range(6)
+DONE, NEED, ENDED, FAILED, LARGE = range(5)
+# The task id of failures outside a task (worker_init_fn, the task loop).
+INIT_TASK = -1
+# The largest record on a ring; rings are sized for many of them in flight.
+INLINE_BYTES = 8192
+
+
+def dumps(message: tuple[Any, ...]) -> bytes:
+    return pickle.dumps(message, protocol=5)
+
+
+def task_ring_bytes(prefetch_factor: int) -> int:
+    """A task ring that holds every task a worker may have in flight, each
+    at the largest record size, and room for segment messages besides: the
+    main process then never waits for room (NOTE [ Worker protocol ])."""
+    return max(1 << 20, (prefetch_factor + 16) * INLINE_BYTES * 2)
+
+
+def task_message(task_id: int, index: Any, slot: tuple[int, int, int],
+                 place_index: Callable[[bytes], tuple[int, int, int]]) -> bytes:
+    """The record of one task. An index too large for a record is handed
+    to ``place_index``, which writes it at the start of a slot of at least
+    its size and returns that slot."""
+    data = dumps((TASK, task_id, index, slot))
+    if len(data) <= INLINE_BYTES:
+        return data
+    index_bytes = pickle.dumps(index, protocol=5)
+    slot = place_index(index_bytes)
+    return dumps((TASK_INDEX_IN_SLOT, task_id, len(index_bytes), slot))
+
+
+def send_result(put: Callable[[bytes], None], sock: socket.socket,
+                message: tuple[Any, ...], on_wait: Callable[[], None]) -> None:
+    """A worker's message: on its result ring, or announced there and
+    streamed on its socket when larger than a record. ``on_wait`` runs
+    whenever the main process has not read for a while (it raises when the
+    loader is shutting down, or exits when the parent is gone)."""
+    data = dumps(message)
+    if len(data) <= INLINE_BYTES:
+        put(data)
+        return
+    put(dumps((LARGE, len(data))))
+    view = memoryview(data)
+    sent = 0
+    sock.settimeout(0.5)
+    try:
+        while sent < len(data):
+            try:
+                sent += sock.send(view[sent:])
+            except TimeoutError:
+                on_wait()
+    finally:
+        sock.settimeout(None)
+
+
+def receive_large(sock: socket.socket, nbytes: int,
+                  on_wait: Callable[[], None]) -> tuple[Any, ...]:
+    """The message a LARGE record announced, read from the worker's socket.
+    ``on_wait`` runs whenever nothing arrived for a while: it raises when
+    the worker died (the socket then also reads as closed)."""
+    buffer = bytearray(nbytes)
+    view = memoryview(buffer)
+    got = 0
+    sock.settimeout(0.05)
+    try:
+        while got < nbytes:
+            try:
+                n = sock.recv_into(view[got:])
+            except TimeoutError:
+                on_wait()
+                continue
+            if n == 0:
+                on_wait()
+                raise EOFError(f"a worker's socket closed {nbytes - got} bytes into a message")
+            got += n
+    finally:
+        sock.settimeout(None)
+    result: tuple[Any, ...] = pickle.loads(view)
+    return result
