@@ -1,0 +1,195 @@
+"""Workers compute exactly what the main process computes.
+
+For generated dataset compositions (tests/_compositions.py), the whole
+outcome of an epoch (every batch's types, dtypes, shapes and bytes, every
+exception's type, in order) is the same with num_workers 0, 1 and 3, under
+fork and spawn: NOTE [ Fast paths ] in fastload/_fast_path.py.
+"""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fastload as fl
+from _compositions import COLLATE_FNS, build, epoch_outcome, torch
+
+LEAF_KINDS = ["f32", "u8img", "i64", "int", "float", "bool", "mixnum", "str", "longstr",
+              "bytes", "ragged", "obj", "deep", "none"]
+if torch is not None:
+    LEAF_KINDS += ["tensor", "tensor_i"]
+
+seeds = st.integers(0, 2**16)
+leaves = st.sampled_from(LEAF_KINDS).map(lambda kind: ("leaf", kind))
+structures = st.recursive(
+    leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, min_size=1, max_size=3).map(lambda items: ("tuple", tuple(items))),
+        st.lists(inner, min_size=1, max_size=2).map(lambda items: ("list", tuple(items))),
+        st.lists(inner, min_size=1, max_size=3).map(
+            lambda items: ("dict", tuple((f"f{j}", s) for j, s in enumerate(items)))),
+        st.tuples(inner, inner).map(lambda pair: ("pair",) + pair),
+    ),
+    max_leaves=4,
+)
+
+
+@st.composite
+def python_datasets(draw, n):
+    structure = draw(structures)
+    failing = tuple(draw(st.lists(st.integers(0, n - 1), max_size=2, unique=True)))
+    return ("python", n, structure, failing, draw(st.booleans()), draw(seeds))
+
+
+def array_datasets(n):
+    dtypes = st.lists(st.sampled_from(["float32", "int64", "uint8", "bool", "float16"]),
+                      min_size=1, max_size=3).map(tuple)
+    return st.one_of(st.tuples(st.just("array"), st.just(n), dtypes, seeds),
+                     st.tuples(st.just("strings"), st.just(n), seeds))
+
+
+@st.composite
+def compositions(draw):
+    n = draw(st.integers(4, 14))
+    base = st.one_of(array_datasets(n), python_datasets(n))
+    shape = draw(st.sampled_from(
+        ["plain", "subset", "subset_array", "reversed_subset", "split", "nested_subset",
+         "concat", "stack_tuple", "stack_dict"]))
+    if shape == "plain":
+        return draw(base)
+    if shape in ("subset", "subset_array", "reversed_subset", "split"):
+        return (shape, draw(base), draw(seeds))
+    if shape == "nested_subset":
+        return ("subset", ("subset_array", draw(base), draw(seeds)), draw(seeds))
+    parts = tuple(draw(st.lists(base, min_size=2, max_size=2)))
+    return (shape, parts)
+
+
+loader_settings = st.fixed_dictionaries({
+    "batch_size": st.integers(1, 6),
+    "shuffle": st.booleans(),
+    "drop_last": st.booleans(),
+    "collate": st.sampled_from(["default", "default", "keep", "pad"]),
+})
+
+
+def outcome(description, options, **extra):
+    loader = fl.DataLoader(
+        build(description), batch_size=options["batch_size"], shuffle=options["shuffle"],
+        drop_last=options["drop_last"], collate_fn=COLLATE_FNS[options["collate"]],
+        generator=7, **extra)
+    return epoch_outcome(loader)
+
+
+def assert_same_outcome(description, options, context, workers=(1, 3)):
+    expected = outcome(description, options)
+    for num_workers in workers:
+        got = outcome(description, options, num_workers=num_workers,
+                      multiprocessing_context=context)
+        assert got == expected, (num_workers, context, description, options)
+
+
+@pytest.mark.timeout(600)
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(compositions(), loader_settings)
+def test_workers_match_the_main_process_under_fork(description, options):
+    assert_same_outcome(description, options, "fork")
+
+
+@pytest.mark.timeout(600)
+@settings(max_examples=4, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(compositions(), loader_settings)
+def test_workers_match_the_main_process_under_spawn(description, options):
+    assert_same_outcome(description, options, "spawn", workers=(2,))
+
+
+# Named cases of issue 12, each once more by hand.
+
+TORCH_CASES = [
+    ("python", 10, ("leaf", "tensor"), (), False, 1),
+    ("python", 10, ("tuple", (("leaf", "tensor"), ("leaf", "tensor_i"))), (), False, 2),
+    ("python", 10, ("dict", (("image", ("leaf", "tensor")), ("label", ("leaf", "int")))), (),
+     True, 3),
+]
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch installed")
+@pytest.mark.parametrize("description", TORCH_CASES)
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_torch_tensor_samples_as_with_no_workers(description, context):
+    options = {"batch_size": 4, "shuffle": True, "drop_last": False, "collate": "default"}
+    assert_same_outcome(description, options, context, workers=(2,))
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch installed")
+def test_torch_tensor_samples_with_torch_output_and_pinning():
+    dataset = build(TORCH_CASES[2])
+    kwargs = dict(batch_size=4, output="torch", pin_memory=True)
+    expected = [(b["image"].tolist(), b["label"].tolist()) for b in fl.DataLoader(dataset, **kwargs)]
+    got = [(b["image"].tolist(), b["label"].tolist())
+           for b in fl.DataLoader(dataset, num_workers=2, **kwargs)]
+    assert got == expected and len(got) == 3
+
+
+def test_subset_subclasses_are_called_not_bypassed():
+    description = ("reversed_subset", ("array", 12, ("float32", "int64"), 5), 9)
+    options = {"batch_size": 3, "shuffle": False, "drop_last": False, "collate": "default"}
+    assert_same_outcome(description, options, "fork")
+    dataset = build(description)
+    first = next(iter(fl.DataLoader(dataset, batch_size=3, num_workers=2)))
+    assert first[0].tolist() == [dataset[i][0].tolist() for i in range(3)]
+
+
+class LongStrings(fl.Dataset):
+    def __init__(self, length, distinct=True):
+        self.length, self.distinct = length, distinct
+
+    def __len__(self):
+        return 512
+
+    def __getitem__(self, i):
+        return (f"{i:06d}" if self.distinct else "") + "x" * self.length
+
+
+@pytest.mark.parametrize("length,batch_size", [(2048, 256), (3 << 20, 1)])
+def test_strings_of_any_length(length, batch_size):
+    dataset = LongStrings(length)
+    loader = fl.DataLoader(dataset, batch_size=batch_size, num_workers=2)
+    count = 0
+    for batch in loader:
+        assert all(len(s) == 6 + length for s in batch)
+        count += 1
+        if count == 4:
+            break
+    assert count == min(4, len(dataset) // batch_size)
+
+
+def test_a_batch_larger_than_any_ring():
+    data = np.arange(600_000, dtype=np.int32)
+    dataset = fl.ArrayDataset(data)
+    kwargs = dict(batch_size=300_000, shuffle=True, generator=3)
+    expected = [b[0] for b in fl.DataLoader(dataset, **kwargs)]
+    got = [b[0] for b in fl.DataLoader(dataset, num_workers=2, **kwargs)]
+    assert len(got) == 2 and all(np.array_equal(a, b) for a, b in zip(got, expected))
+    assert sorted(np.concatenate(got).tolist()) == data.tolist()
+
+
+def test_collate_errors_fail_their_batch_only():
+    description = ("python", 12, ("leaf", "ragged"), (), False, 4)
+    options = {"batch_size": 3, "shuffle": False, "drop_last": False, "collate": "default"}
+    with_workers = outcome(description, options, num_workers=2)
+    assert ("raised", "CollateError") in with_workers
+    assert any(item[0] != "raised" for item in with_workers), "every batch failed"
+    assert_same_outcome(description, options, "fork", workers=(2,))
+
+
+def test_persistent_workers_survive_failing_batches():
+    description = ("python", 12, ("leaf", "f32"), (1, 7), False, 4)
+    loader = fl.DataLoader(build(description), batch_size=2, num_workers=2,
+                           persistent_workers=True)
+    expected = outcome(description, {"batch_size": 2, "shuffle": False, "drop_last": False,
+                                     "collate": "default"})
+    assert expected.count(("raised", "ValueError")) == 2
+    for _ in range(2):
+        assert epoch_outcome(loader) == expected
