@@ -39,9 +39,9 @@ def _parser() -> argparse.ArgumentParser:
                     "fresh process, and print samples/s, MB/s, time to first batch and ratios. "
                     "Workloads: " + "; ".join(f"{w.name}: {w.description}, batch {w.batch_size}"
                                               for w in WORKLOADS.values()) + ".")
-    bench.add_argument("--workloads", type=_names, default=["rows", "images", "augment"],
+    bench.add_argument("--workloads", type=_names, default=["rows", "images", "augment", "tensors"],
                        help=f"comma-separated, of {','.join(WORKLOADS)} "
-                            "(default rows,images,augment)")
+                            "(default rows,images,augment,tensors; tensors needs torch)")
     bench.add_argument("--contenders", type=_names, default=list(CONTENDERS),
                        help=f"comma-separated, of {','.join(CONTENDERS)} (default all)")
     bench.add_argument("--workers", type=_counts, default=[0, 2],

@@ -36,6 +36,7 @@ cdef class _Node:
     cdef cnp.dtype src            # dtype of sample 0's array or numpy scalar
     cdef cnp.dtype out            # dtype of the batch leaf (np.result_type)
     cdef bint by_numpy            # the batch dtype differs from the source's
+    cdef bint tensor              # the samples hold torch tensors here
     cdef int ndim
     cdef cnp.npy_intp shape[64]   # NPY_MAXDIMS
     cdef size_t itemsize          # of the source

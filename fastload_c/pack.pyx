@@ -56,8 +56,9 @@ from cpython.tuple cimport PyTuple_Check, PyTuple_GET_ITEM
 from libc.stdint cimport int64_t
 from libc.string cimport memcmp, memcpy
 
-import pickle
 import copy
+import pickle
+import sys
 from collections.abc import Mapping, MutableMapping
 
 import numpy as np
@@ -83,6 +84,7 @@ cdef enum:
     K_LIST
     K_NAMEDTUPLE
     K_MAPPING
+    K_TENSOR
 
 # Numpy numbers a Python-number position of a later sample may hold.
 _REALS = (np.integer, np.floating, np.bool_)
@@ -113,8 +115,32 @@ cdef int _kind_of(object o) except -1:
         return K_NAMEDTUPLE
     if isinstance(o, (list, tuple)):
         return K_LIST
+    if _is_tensor(o):
+        return K_TENSOR
     raise TypeError("default_collate: batch must contain numpy arrays, numbers, strings, "
                     "dicts or lists; found {}".format(type(o)))
+
+
+cdef object _tensor_type = None
+
+
+cdef bint _is_tensor(object o) except -1:
+    """Whether o is a torch tensor; torch is never imported here, only
+    looked up once the program imported it."""
+    global _tensor_type
+    if _tensor_type is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return False
+        _tensor_type = torch.Tensor
+    return isinstance(o, _tensor_type)
+
+
+cdef cnp.ndarray _tensor_as_array(object tensor):
+    """The numpy view of a CPU tensor (zero copy). Raises for tensors numpy
+    cannot view (on a device, needing grad, bfloat16...): the caller's
+    general path then collates them as default_collate does."""
+    return tensor.numpy()
 
 
 cdef int _check_dtype(cnp.dtype d) except -1:
@@ -190,6 +216,12 @@ cdef _Node _build(_Plan plan, object o, bint in_sequence):
     node.kind = _kind_of(o)
     node.type = type(o)
     node.ndim = 0
+    node.tensor = node.kind == K_TENSOR
+    if node.tensor:
+        # Stacked as torch.stack then .numpy() would: the same bytes, as
+        # long as every sample's tensor has this dtype (see _visit_array).
+        o = _tensor_as_array(o)
+        node.kind = K_ARRAY
     if node.kind == K_ARRAY or node.kind == K_NPSCALAR:
         if node.kind == K_ARRAY:
             node.src = (<cnp.ndarray>o).descr
@@ -368,6 +400,17 @@ cdef int _visit_array(_Node node, object o, Py_ssize_t s, _Walk w) except -1:
     cdef cnp.dtype d
     cdef int nd
     cdef bint same, same_shape
+    if node.tensor or _is_tensor(o):
+        if not (node.tensor and _is_tensor(o)):
+            if s == 0:
+                return STALE
+            raise TypeError("collate_into: tensors and arrays at one position")
+        o = _tensor_as_array(o)
+        if not (o.dtype is node.src or o.dtype == node.src):
+            if s == 0:
+                return STALE
+            # torch promotes by its own rules: leave those to default_collate.
+            raise TypeError("collate_into: tensors of different dtypes at one position")
     if cnp.PyArray_Check(o):
         d = (<cnp.ndarray>o).descr
         nd = cnp.PyArray_NDIM(<cnp.ndarray>o)

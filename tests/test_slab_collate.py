@@ -340,3 +340,33 @@ def test_gather_of_consecutive_rows_is_fancy_indexing_too(seg):
     a = np.arange(1000, dtype=np.int64).reshape(100, 10)
     idx = list(range(20, 60)) + [3, 4, 5, 99]
     assert_same(unpack(seg, gather_into(a, idx, seg)), a[idx])
+
+
+def _torch():
+    return pytest.importorskip("torch", reason="tensor collation needs torch installed")
+
+
+def test_tensors_collate_into_the_slot_as_default_collate_does():
+    torch = _torch()
+    from fastload import default_collate
+
+    samples = [{"image": torch.arange(12, dtype=torch.float32).reshape(3, 4)[:, ::2] + i,
+                "label": torch.tensor(i)} for i in range(5)]
+    slot = bytearray(1 << 16)
+    batch = unpack(slot, collate_into(samples, slot))
+    expected = default_collate(samples)
+    for key in ("image", "label"):
+        assert batch[key].dtype == expected[key].dtype and np.array_equal(batch[key], expected[key])
+
+
+@pytest.mark.parametrize("make", [
+    lambda torch: [torch.zeros(2), torch.zeros(2, dtype=torch.float64)],  # torch promotes
+    lambda torch: [torch.zeros(2, requires_grad=True)] * 2,  # numpy cannot view it
+    lambda torch: [torch.zeros(2, dtype=torch.bfloat16)] * 2,  # numpy has no bfloat16
+    lambda torch: [torch.zeros(2), np.zeros(2, dtype=np.float32)],  # mixed kinds
+])
+def test_tensors_the_slot_writer_leaves_to_default_collate_raise(make):
+    # The worker then collates them with default_collate (NOTE [ Fast paths ]).
+    torch = _torch()
+    with pytest.raises((TypeError, RuntimeError, CollateError)):
+        collate_into(make(torch), bytearray(1 << 12))

@@ -198,9 +198,13 @@ def run(plan: Plan, progress: Callable[[int, int, str], None] | None = None) -> 
     outcome = Outcome(plan, environment=environment())
     outcome.environment["cpu_capacity_before"] = round(cpu_capacity(), 2)
     contenders = list(plan.contenders)
-    if "torch" in contenders and importlib.util.find_spec("torch") is None:
-        contenders.remove("torch")
-        outcome.skipped["torch"] = "torch is not installed"
+    if importlib.util.find_spec("torch") is None:
+        if "torch" in contenders:
+            contenders.remove("torch")
+            outcome.skipped["torch"] = "torch is not installed"
+        for name in [w for w in plan.workloads if WORKLOADS[w].tensors]:
+            plan.workloads.remove(name)
+            outcome.skipped[name] = "torch is not installed: its samples are torch tensors"
     memory = plan.memory and importlib.util.find_spec("psutil") is not None
     if plan.memory and not memory:
         outcome.skipped["memory"] = "psutil is not installed: peak memory not measured"

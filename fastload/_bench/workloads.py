@@ -56,6 +56,27 @@ class AugmentDataset:
         return image, self.labels[index]
 
 
+class TensorImageDataset:
+    """The torchvision idiom: each sample converted to a torch tensor as
+    ``transforms.ToTensor()`` does (HWC uint8 -> CHW float32 in [0, 1]),
+    with an int label; the same dataset under every contender."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray) -> None:
+        import torch  # noqa: F401  (imported here, so no first batch pays for it)
+
+        self.images = images
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        import torch
+
+        image = torch.from_numpy(self.images[index]).permute(2, 0, 1)
+        return image.float().div_(255), int(self.labels[index])
+
+
 @dataclass(frozen=True)
 class Workload:
     """A benchmark workload: its source arrays and how each contender sees them."""
@@ -68,6 +89,8 @@ class Workload:
     # bytes is measured beside it as the bandwidth ceiling.
     bandwidth_bound: bool = False
     augment: bool = False
+    # Samples are torch tensors: measured only where torch is installed.
+    tensors: bool = False
 
     def dataset(self, contender: str, arrays: tuple[np.ndarray, ...]) -> Any:
         """The dataset ``contender`` loads: fastload's ArrayDataset, torch's
@@ -77,6 +100,8 @@ class Workload:
             images, labels = arrays
             return AugmentDataset(images, labels,
                                   _fastload_rng if contender == "fastload" else _index_rng)
+        if self.tensors:
+            return TensorImageDataset(*arrays)
         if contender == "torch":
             import torch
             from torch.utils.data import TensorDataset
@@ -108,6 +133,12 @@ def _augment_sources() -> tuple[np.ndarray, ...]:
     return images, _labels(count)
 
 
+def _hwc_images() -> tuple[np.ndarray, ...]:
+    count = 4096
+    images = np.random.default_rng(0).integers(0, 256, (count, 32, 32, 3), dtype=np.uint8)
+    return images, _labels(count)
+
+
 def _large() -> tuple[np.ndarray, ...]:
     # 128 MiB, far past any cache; filled, so no page is the shared zero page.
     return (np.full((128, 512, 512), 0.5, dtype=np.float32),)
@@ -120,4 +151,6 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              _augment_sources, augment=True),
     Workload("large", "128 samples of float32 512x512 (1 MiB)", 32, _large,
              bandwidth_bound=True),
+    Workload("tensors", "4096 torch images: uint8 32x32x3 to float32 3x32x32 tensor, "
+             "int label, per sample in Python", 128, _hwc_images, tensors=True),
 )}
