@@ -287,7 +287,7 @@ class MultiProcessingIter(BaseIter):
 
     def _acquire_at_cap(self) -> Any:
         """A slot when the pool may not grow: from now on batches are copied
-        out of their slots (see _deliver); wait for one to come back."""
+        out of their slots (see _keeps_slot); wait for one to come back."""
         self._copy_out = True
         while True:
             if not self._tasks:
@@ -320,6 +320,11 @@ class MultiProcessingIter(BaseIter):
             task_id = self._next_ready()
             if task_id is not None:
                 task, batch = self._ready.pop(task_id)
+                if not isinstance(batch, _Failure) and not self._keeps_slot():
+                    # The user gets a private copy; the slot comes back now
+                    # (the worker is done with it).
+                    batch = _copy_out(batch)
+                    task.lease = None
                 # A failed batch is delivered as its exception: the epoch
                 # goes on after it, as in the main process and in torch.
                 self._delivered(task)
@@ -475,8 +480,13 @@ class MultiProcessingIter(BaseIter):
         error.reraise(pid)
 
     def _reslot(self, task_id: int, task: _Task, nbytes: int) -> None:
-        task.lease = self._workers.pool.acquire(nbytes) or self._acquire_at_cap()
-        self._workers.send(task.worker_id, (RESLOT, task_id, _slot_of(task.lease)))
+        pool = self._workers.pool
+        if pool.max_bytes and nbytes > pool.max_bytes:
+            # No slot will ever hold it: the worker fails that batch instead.
+            self._workers.send(task.worker_id, (RESLOT, task_id, None, pool.max_bytes))
+            return
+        task.lease = pool.acquire(nbytes) or self._acquire_at_cap()
+        self._workers.send(task.worker_id, (RESLOT, task_id, _slot_of(task.lease), 0))
 
     def _handle_stale(self, kind: int, task_id: int, message: tuple[Any, ...]) -> None:
         task = self._stale.get(task_id)
@@ -488,14 +498,17 @@ class MultiProcessingIter(BaseIter):
             del self._stale[task_id]
 
     def _deliver(self, task: _Task, layout: bytes) -> Any:
-        batch = pack.unpack(task.lease, layout)
-        if self._copy_out:
-            # Past the cap, a batch the user keeps must not hold a slot the
-            # pool needs: the user gets a private copy, the slot comes back
-            # now (the worker is done with it).
-            batch = _copy_out(batch)
-            task.lease = None
-        return batch
+        return pack.unpack(task.lease, layout)
+
+    def _keeps_slot(self) -> bool:
+        """Whether a batch handed to the user may keep its slot: not once
+        the pool is at its cap with every slot taken, since the user may
+        keep every batch (see _acquire_at_cap)."""
+        if not self._copy_out:
+            pool = self._workers.pool
+            self._copy_out = (pool.free_slots == 0 and pool.max_bytes > 0
+                              and pool.max_bytes - pool.nbytes < pool.slot_size)
+        return not self._copy_out
 
 
 _ENDED = object()

@@ -18,7 +18,9 @@ Main process -> worker (task ring):
                                    larger than a record: its ``nbytes``
                                    bytes start the slot, and the worker reads
                                    them before it writes anything there
-  (RESLOT, task_id, slot)          the bigger slot a NEED asked for
+  (RESLOT, task_id, slot, cap)     the bigger slot a NEED asked for; slot
+                                   None when the pool can never hold it (its
+                                   cap): the worker fails that batch
   (SEGMENT, segment_id, nbytes)    a new pool segment; its descriptor was sent
                                    just before on the worker's Unix socket
   (RETIRE, segment_id)             unmap a segment the pool dropped

@@ -27,7 +27,7 @@ from fastload._protocol import (
 )
 from fastload._sample_rng import context as sample_context
 from fastload._worker_info import WorkerInfo, set_worker_info
-from fastload.errors import RingClosedError
+from fastload.errors import RingClosedError, ShmError
 from fastload_c import proc
 from fastload_c.pack import SlotTooSmallError
 from fastload_c.shm import Segment
@@ -284,7 +284,13 @@ class _Worker:
             try:
                 layout = write(self.segments[segment_id], offset, capacity)
             except SlotTooSmallError as small:
-                slot = self.await_reslot(task_id, small.needed)
+                slot, cap = self.await_reslot(task_id, small.needed)
+                if slot is None:
+                    self.fail(task_id, ShmError(
+                        f"a batch of {small.needed} bytes cannot fit in the loader's shared "
+                        f"memory ({cap} bytes: half of the memory available when it "
+                        "started); use a smaller batch_size"), index)
+                    return
                 continue
             except Exception as exc:
                 self.fail(task_id, exc, index)
@@ -296,16 +302,17 @@ class _Worker:
     def fail(self, task_id: int, exc: BaseException, index: Any) -> None:
         self.reply(FAILED, task_id, WorkerError(exc, self.worker_id, self.describe(index)))
 
-    def await_reslot(self, task_id: int, needed: int) -> tuple[int, int, int]:
+    def await_reslot(self, task_id: int, needed: int) -> tuple[Any, int]:
         """Ask for a slot of ``needed`` bytes and wait for it, keeping the
-        tasks and segments that arrive meanwhile in order."""
+        tasks and segments that arrive meanwhile in order: (the slot, 0), or
+        (None, the pool's cap) when no slot can be that large."""
         self.reply(NEED, task_id, needed)
         held: list[tuple[Any, ...]] = []
         while True:
             message = self.receive()
             if message[0] == RESLOT and message[1] == task_id:
                 self.backlog.extendleft(reversed(held))
-                return message[2]
+                return message[2], message[3]
             if message[0] == SEGMENT:
                 self.receive_segment(message[1], message[2])
             else:

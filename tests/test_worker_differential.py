@@ -193,3 +193,27 @@ def test_persistent_workers_survive_failing_batches():
     assert expected.count(("raised", "ValueError")) == 2
     for _ in range(2):
         assert epoch_outcome(loader) == expected
+
+
+class FirstBatchHuge(fl.Dataset):
+    """Samples 0-3 are 4 MiB each; the others are small."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return np.full((1 << 20) if i < 4 else 4, i, dtype=np.float32)
+
+
+def test_a_batch_past_the_shared_memory_cap_fails_alone(monkeypatch):
+    from fastload import _memory
+
+    monkeypatch.setattr(_memory, "default_max_bytes", lambda: 8 << 20)
+    loader = fl.DataLoader(FirstBatchHuge(), batch_size=4, num_workers=2,
+                           persistent_workers=True)
+    for _ in range(2):  # and the loader stays usable
+        it = iter(loader)
+        with pytest.raises(fl.ShmError, match="batch_size"):
+            next(it)
+        rest = [batch[:, 0].tolist() for batch in it]
+        assert rest == [[4, 5, 6, 7], [8, 9, 10, 11]]
