@@ -117,6 +117,10 @@ def pin_batch(torch: Any, data: Any) -> Any:
 class BaseIter:
     """What every DataLoader iterator shares; subclasses define ``_next_data``."""
 
+    # Whether a persistent-workers loader may start its next epoch on this
+    # iterator (False once its workers are gone).
+    reusable = True
+
     def __init__(self, loader: Any, resume: dict[str, Any] | None,
                  base_seed: int | None = None) -> None:
         """``base_seed``, when given, is used instead of drawing one (a

@@ -44,13 +44,16 @@ SIGCHLD_SAFETY_SECONDS = 1.0
 
 
 class _Task:
-    __slots__ = ("worker_id", "index", "lease", "sampler_state", "dataset_state",
+    __slots__ = ("worker_id", "index", "lease", "position", "sampler_state", "dataset_state",
                  "has_dataset_state", "dataset_ended")
 
-    def __init__(self, worker_id: int, index: Any, lease: Any, sampler_state: Any) -> None:
+    def __init__(self, worker_id: int, index: Any, lease: Any, position: int | None,
+                 sampler_state: Any) -> None:
         self.worker_id = worker_id
         self.index = index
         self.lease = lease
+        # The batch's place in its epoch (None: a lookahead task not adopted yet).
+        self.position = position
         # When this batch is a snapshot step (NOTE [ Resume contract ]): the
         # index sampler's state right after its indices were drawn, and the
         # iterable dataset's state in its worker right after it was fetched.
@@ -141,7 +144,7 @@ class MultiProcessingIter(BaseIter):
         return stats
 
     def _shutdown(self) -> None:
-        self._workers.shutdown()
+        self._stop()
 
     @property
     def worker_pids(self) -> list[int]:
@@ -178,6 +181,12 @@ class MultiProcessingIter(BaseIter):
         carried = {task_id for task_id, _, _ in self._carried}
         self._abandon([t for t in (*self._tasks, *self._ready) if t not in carried])
         with self._deaths_reported():
+            # Abandoned tasks hold their slots until their worker answers:
+            # wait for all but one epoch's worth, so that iter() after iter()
+            # without next() cannot grow the pool (or the rings) for ever.
+            self._drain(defer_needs=False)
+            while len(self._stale) > self._prefetch:
+                self._pump(self._deadline())
             if lookahead is None:
                 self._workers.reset(epoch)  # a lookahead sent this already
             self._begin_epoch()
@@ -206,17 +215,20 @@ class MultiProcessingIter(BaseIter):
         while not self._active[worker_id]:
             worker_id = next(self._next_worker)
         task_id = self._adopt(index, worker_id)
+        position = self._dispatched - 1
         if task_id is None:
             lease = self._workers.pool.acquire() or self._acquire_at_cap()
-            task_id = self._send_task(worker_id, index, lease, snapshot)
+            task_id = self._send_task(worker_id, index, lease, position, snapshot)
         else:
             task = self._tasks.get(task_id) or self._ready[task_id][0]
             task.sampler_state = snapshot
+            task.position = position
         self._order.append(task_id)
 
-    def _send_task(self, worker_id: int, index: Any, lease: Any, snapshot: Any) -> int:
+    def _send_task(self, worker_id: int, index: Any, lease: Any, position: int | None,
+                   snapshot: Any) -> int:
         task_id = next(self._task_ids)
-        task = self._tasks[task_id] = _Task(worker_id, index, lease, snapshot)
+        task = self._tasks[task_id] = _Task(worker_id, index, lease, position, snapshot)
 
         def place_index(index_bytes: bytes) -> tuple[int, int, int]:
             # An index too large for a record starts the task's slot.
@@ -255,7 +267,8 @@ class MultiProcessingIter(BaseIter):
             return
         index = lookahead.indices.popleft()
         worker_id = next(lookahead.workers)
-        lookahead.tasks.append((self._send_task(worker_id, index, lease, None), index, worker_id))
+        lookahead.tasks.append(
+            (self._send_task(worker_id, index, lease, None, None), index, worker_id))
 
     def _adopt(self, index: Any, worker_id: int) -> int | None:
         """The carried lookahead task that loads ``index`` on ``worker_id``
@@ -289,6 +302,7 @@ class MultiProcessingIter(BaseIter):
         """A slot when the pool may not grow: from now on batches are copied
         out of their slots (see _keeps_slot); wait for one to come back."""
         self._copy_out = True
+        deadline = self._deadline()
         while True:
             if not self._tasks:
                 pool = self._workers.pool
@@ -296,7 +310,7 @@ class MultiProcessingIter(BaseIter):
                     f"every slot of the loader's shared memory ({pool.nbytes} bytes, "
                     "its cap) is held by batches this program still references; "
                     "drop or copy (np.copy) batches you keep")
-            self._pump(None)
+            self._pump(deadline)
             lease = self._workers.pool.acquire()
             if lease is not None:
                 return lease
@@ -307,14 +321,36 @@ class MultiProcessingIter(BaseIter):
         try:
             yield
         except WorkerGroupDied as died:
+            self._raise_last_words(died.worker_id)
             self._raise_worker_died(died.worker_id, died.process)
 
+    def _raise_last_words(self, worker_id: int) -> None:
+        """A dead worker that reported why it ended (worker_init_fn raised,
+        say) gets that exception raised, rather than its death."""
+        workers = self._workers
+        ring = workers.result_rings[worker_id]
+        while (data := ring.try_get()) is not None:
+            message = pickle.loads(data)
+            if message[0] == LARGE:
+                try:
+                    message = workers.receive_large(worker_id, message[1])
+                except (EOFError, WorkerGroupDied):
+                    return
+            if message[0] == FAILED and message[1] == INIT_TASK:
+                self._raise_setup_failure(message[2])
+
     def _next_data(self) -> Any:
+        if not self.reusable:
+            raise StopIteration  # a worker died: the epoch ended there
         with self._deaths_reported():
             return self._next_batch()
 
+    def _deadline(self) -> float | None:
+        """When a wait that starts now must end (``timeout``), if ever."""
+        return time.monotonic() + self._timeout if self._timeout > 0 else None
+
     def _next_batch(self) -> Any:
-        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        deadline = self._deadline()
         self._settle()
         while True:
             task_id = self._next_ready()
@@ -339,7 +375,7 @@ class MultiProcessingIter(BaseIter):
                 return self._convert(batch)
             if not self._order:
                 if not self._persistent_workers:
-                    self._workers.shutdown()
+                    self._stop()
                 raise StopIteration
             awaited = self._tasks.get(self._order[0]) if self._in_order else None
             self._settle(awaited.worker_id if awaited is not None else None)
@@ -411,23 +447,16 @@ class MultiProcessingIter(BaseIter):
         workers = self._workers
         while True:
             seen = workers.doorbell.seq
-            handled = False
-            for worker_id, ring in enumerate(workers.result_rings):
-                while True:
-                    data = ring.try_get()
-                    if data is None:
-                        break
-                    message = pickle.loads(data)
-                    if message[0] == LARGE:
-                        message = workers.receive_large(worker_id, message[1])
-                    if defer_needs and message[0] == NEED:
-                        self._needs.append(message)
-                    else:
-                        self._handle(message)
-                    handled = True
-            if handled:
+            if self._drain(defer_needs):
                 return
-            workers.raise_if_dead()
+            try:
+                workers.raise_if_dead()
+            except WorkerGroupDied:
+                # What a worker said before it died comes first (its last
+                # exception, say); its death is noticed on a later wait.
+                if self._drain(defer_needs):
+                    return
+                raise
             timeout = SIGCHLD_SAFETY_SECONDS if workers.sigchld else DEATH_POLL_SECONDS
             if deadline is not None:
                 remaining = deadline - time.monotonic()
@@ -436,15 +465,45 @@ class MultiProcessingIter(BaseIter):
                 timeout = min(remaining, timeout)
             workers.doorbell.wait(seen, timeout)
 
+    def _drain(self, defer_needs: bool) -> bool:
+        """Handle every message waiting on the result rings; whether any was."""
+        workers = self._workers
+        handled = False
+        for worker_id, ring in enumerate(workers.result_rings):
+            while True:
+                data = ring.try_get()
+                if data is None:
+                    break
+                message = pickle.loads(data)
+                if message[0] == LARGE:
+                    message = workers.receive_large(worker_id, message[1])
+                if defer_needs and message[0] == NEED:
+                    self._needs.append(message)
+                else:
+                    self._handle(message)
+                handled = True
+        return handled
+
     def _raise_worker_died(self, worker_id: int, process: Any) -> NoReturn:
-        held = sorted(t for t, task in self._tasks.items() if task.worker_id == worker_id)
-        what = (f"while loading batch {held[0]} (indices {self._tasks[held[0]].index})"
-                if held else "while idle")
+        """The epoch ends here, as in torch; a persistent loader starts a
+        fresh worker group at its next iter() (see ``reusable``)."""
+        held = [task for _, task in sorted(self._tasks.items())
+                if task.worker_id == worker_id and task.position is not None]
+        task = held[0] if held else None
+        what = ("while idle" if task is None
+                else f"while loading batch {task.position} of the epoch (indices {task.index})")
         pid, exitcode = process.pid, process.exitcode
-        self._workers.shutdown()
+        self._stop()
         raise WorkerDiedError(
             f"DataLoader worker {worker_id} (pid {pid}) {describe_exit(exitcode)} {what}",
-            worker_id=worker_id, pid=pid, exitcode=exitcode, batch=held[0] if held else None)
+            worker_id=worker_id, pid=pid, exitcode=exitcode,
+            batch=None if task is None else task.position,
+            indices=None if task is None else task.index)
+
+    def _stop(self) -> None:
+        """Shut the workers down for good: this iterator's epoch is over."""
+        self.reusable = False
+        self._workers.shutdown()
 
     def _handle(self, message: tuple[Any, ...]) -> None:
         kind, task_id = message[0], message[1]
@@ -476,7 +535,7 @@ class MultiProcessingIter(BaseIter):
         raised here with its type and traceback text; the workers are shut
         down first (the epoch cannot go on)."""
         pid = self._workers.pids[error.worker_id]
-        self._workers.shutdown()
+        self._stop()
         error.reraise(pid)
 
     def _reslot(self, task_id: int, task: _Task, nbytes: int) -> None:

@@ -32,7 +32,9 @@ half a second for a task or for room in their result ring.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
+import functools
 import multiprocessing
 import os
 import pickle
@@ -41,6 +43,7 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from fastload import _memory
@@ -61,6 +64,18 @@ INITIAL_SLOT_BYTES = 1 << 20
 # it is made, so small segments waste at most one slot.
 SLOTS_PER_SEGMENT = 2
 JOIN_SECONDS = 5.0
+
+
+def _check_children_are_waitable(context: Any) -> None:
+    """With SIGCHLD ignored the kernel reaps children at once, so a worker's
+    exit status, and with it its death, could never be known: refuse."""
+    if (context.get_start_method() != "forkserver"
+            and signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN):
+        raise RuntimeError(
+            "DataLoader workers cannot start: this program sets SIGCHLD to SIG_IGN, so "
+            "their exit could not be detected. Restore it with "
+            "signal.signal(signal.SIGCHLD, signal.SIG_DFL) before iterating, use "
+            "multiprocessing_context='forkserver', or num_workers=0.")
 
 
 def _sigchld_wakes_us(context: Any) -> bool:
@@ -135,9 +150,13 @@ class WorkerGroup:
     """Started worker processes; ``shutdown()`` (or losing the last
     reference) ends them as NOTE [ Shutdown protocol ] says."""
 
+    # Every group alive in this process (see _disown_after_fork).
+    live: weakref.WeakSet[WorkerGroup] = weakref.WeakSet()
+
     def __init__(self, loader: Any, base_seed: int, epoch: int,
                  resume: list[Any] | None) -> None:
         context = loader.multiprocessing_context or multiprocessing.get_context()
+        _check_children_are_waitable(context)
         self.num_workers: int = loader.num_workers
         self._task_ring_bytes = _protocol.task_ring_bytes(loader.prefetch_factor)
         self.method: str = context.get_start_method()
@@ -153,6 +172,7 @@ class WorkerGroup:
         self._finalizer = weakref.finalize(
             self, _shutdown, self.processes, self.task_rings, self.result_rings,
             self.sockets, self.doorbell, self.sigchld)
+        WorkerGroup.live.add(self)
         self.pool = _memory.new_pool(
             INITIAL_SLOT_BYTES, pin_memory=loader.pin_memory, slots_per_segment=SLOTS_PER_SEGMENT,
             on_segment=channels.send_segment, on_retire=channels.retire_segment)
@@ -240,6 +260,23 @@ class WorkerGroup:
         self._finalizer()
 
 
+def _disown_after_fork() -> None:
+    """In a child that user code forked (a worker too): the parent's groups
+    are not this process's to shut down. Their shutdown at the child's exit
+    would close the parent's rings and signal its workers."""
+    # multiprocessing's own exit handler would SIGTERM them too, as daemonic
+    # children of this process: they are not.
+    children: set[Any] = getattr(multiprocessing.process, "_children", set())
+    for group in list(WorkerGroup.live):
+        group._finalizer.detach()
+        for process in group.processes:
+            children.discard(process)
+    WorkerGroup.live.clear()
+
+
+os.register_at_fork(after_in_child=_disown_after_fork)
+
+
 class WorkerGroupDied(Exception):
     """Internal: a worker exited; the iterator turns it into WorkerDiedError
     naming the batch it held."""
@@ -262,20 +299,53 @@ def describe_exit(exitcode: int) -> str:
 
 def _shutdown(processes: list[Any], task_rings: list[Ring], result_rings: list[Ring],
               sockets: list[socket.socket], doorbell: Doorbell, sigchld: bool) -> None:
-    for ring in task_rings + result_rings:
-        ring.close()
+    """NOTE [ Shutdown protocol ], every step whatever the others do: a step
+    that raises (or is interrupted) does not keep the later ones from
+    running, and the first exception is raised at the end. Ctrl-C waits for
+    the end of the shutdown (see _interrupts_deferred)."""
     deadline = time.monotonic() + JOIN_SECONDS
-    for process in processes:
-        process.join(max(0.0, deadline - time.monotonic()))
+    steps: list[Callable[[], None]] = [ring.close for ring in task_rings + result_rings]
+    steps += [functools.partial(_join_until, p, deadline) for p in processes]
+    steps.append(lambda: _stop_stubborn(processes))
+    steps += [p.close for p in processes]
+    steps += [sock.close for sock in sockets]
+    if sigchld:
+        steps.append(lambda: proc.stop_ringing(doorbell))
+    with _interrupts_deferred():
+        first: BaseException | None = None
+        for step in steps:
+            try:
+                step()
+            except BaseException as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+
+def _join_until(process: Any, deadline: float) -> None:
+    process.join(max(0.0, deadline - time.monotonic()))
+
+
+def _stop_stubborn(processes: list[Any]) -> None:
+    """SIGTERM the workers still alive, then SIGKILL; join each (no zombie)."""
     for stop, grace in ((lambda p: p.terminate(), 1.0), (lambda p: p.kill(), None)):
         stubborn = [p for p in processes if p.exitcode is None]
         for process in stubborn:
             stop(process)
         for process in stubborn:
             process.join(grace)
-    for process in processes:
-        process.close()
-    for sock in sockets:
-        sock.close()
-    if sigchld:
-        proc.stop_ringing(doorbell)
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT back while the body runs (in the main thread, where
+    Python delivers it): a second Ctrl-C during a shutdown then arrives as
+    KeyboardInterrupt once everything is released, not half way."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

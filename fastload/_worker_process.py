@@ -11,6 +11,7 @@ import random
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections import deque
@@ -334,40 +335,60 @@ def worker_main(config: dict[str, Any], task_ring: Any, result_ring: Any,
     # The main process handles Ctrl-C and shuts workers down; a worker that
     # died of the same SIGINT would only turn a clean stop into a crash report.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    proc.keep_freed_heap(HEAP_KEEP_BYTES, HEAP_BLOCK_BYTES)
-    if config["parent_death_signal"]:
-        try:
-            proc.die_with_parent(config["parent_pid"])
-        except ProcessLookupError:
-            os._exit(0)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        # As torch's own workers: a forked copy of torch's intra-op thread
-        # pool can deadlock, and workers x threads oversubscribe the CPUs.
-        torch.set_num_threads(1)
-    worker_id = config["worker_id"]
-    seed = seed_worker(config["base_seed"], worker_id)
-    sample_context.base_seed = config["base_seed"]
-    sample_context.epoch = config["epoch"]
-    set_worker_info(WorkerInfo(id=worker_id, num_workers=config["num_workers"], seed=seed,
-                               dataset=config["dataset"]))
     worker = _Worker(config, task_ring, result_ring, segment_socket)
-    # Under fork, ``segments`` are the parent's own Segment objects, which
-    # the parent's slab pool (inherited too) holds buffer views of: a RETIRE
-    # could never unmap them. The worker maps each one itself instead.
-    worker.segments.update({segment_id: Segment.attach(os.dup(segment.fd), segment.size)
-                            for segment_id, segment in segments.items()})
+    where = "while starting"
     try:
+        _watch_parent(config["parent_pid"])
+        proc.keep_freed_heap(HEAP_KEEP_BYTES, HEAP_BLOCK_BYTES)
+        if config["parent_death_signal"]:
+            proc.die_with_parent(config["parent_pid"])
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            # As torch's own workers: a forked copy of torch's intra-op thread
+            # pool can deadlock, and workers x threads oversubscribe the CPUs.
+            torch.set_num_threads(1)
+        worker_id = config["worker_id"]
+        seed = seed_worker(config["base_seed"], worker_id)
+        sample_context.base_seed = config["base_seed"]
+        sample_context.epoch = config["epoch"]
+        set_worker_info(WorkerInfo(id=worker_id, num_workers=config["num_workers"], seed=seed,
+                                   dataset=config["dataset"]))
+        # Under fork, ``segments`` are the parent's own Segment objects, which
+        # the parent's slab pool (inherited too) holds buffer views of: a RETIRE
+        # could never unmap them. The worker maps each one itself instead.
+        worker.segments.update({segment_id: Segment.attach(os.dup(segment.fd), segment.size)
+                                for segment_id, segment in segments.items()})
         if config["worker_init_fn"] is not None:
+            where = "in worker_init_fn"
             config["worker_init_fn"](worker_id)
-    except Exception as exc:
-        worker.reply(FAILED, INIT_TASK, WorkerError(exc, worker_id, "in worker_init_fn"))
-        return
-    try:
+        where = "in its task loop"
         worker.run(config["resume"])
     except RingClosedError:
-        pass
+        pass  # the loader is shutting down
+    except ProcessLookupError:
+        os._exit(0)  # the parent is gone already
     except Exception as exc:
-        # A fault of the loop itself (a resume that cannot load its state, a
-        # segment that cannot be mapped): report it rather than just exit.
-        worker.reply(FAILED, INIT_TASK, WorkerError(exc, worker_id, "in its task loop"))
+        # Set-up failures and faults of the loop itself (a resume that cannot
+        # load its state, a segment that cannot be mapped) end this worker:
+        # the main process raises them.
+        try:
+            worker.reply(FAILED, INIT_TASK, WorkerError(exc, worker.worker_id, where))
+        except RingClosedError:
+            pass
+
+
+# How often a worker checks that its parent lives, whatever it is doing.
+PARENT_POLL_SECONDS = 0.2
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """End this worker within PARENT_POLL_SECONDS of its parent's death, also
+    in the middle of a long __getitem__ and where no parent-death signal
+    is armed (forkserver, an iterator made outside the main thread)."""
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_POLL_SECONDS)
+            if os.getppid() != parent_pid and not _pid_alive(parent_pid):
+                os._exit(0)
+
+    threading.Thread(target=watch, name="fastload-parent-watch", daemon=True).start()

@@ -5,6 +5,8 @@ this module re-exports it and adds the errors of the Python layer.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from fastload_c.errors import CollateError, FastloadError, RingClosedError, ShmError
 
 __all__ = [
@@ -30,13 +32,28 @@ class WorkerDiedError(FastloadError, RuntimeError):
     signal, out of memory, ``os._exit`` in a dataset, ...).
 
     ``worker_id``, ``pid``, ``exitcode`` (negative: the signal number, as in
-    multiprocessing) and ``batch`` (the task number of the batch it held, or
-    None) say which and how. A RuntimeError, as torch raises in this case."""
+    multiprocessing), ``batch`` (the position in its epoch of the batch the
+    worker was loading, counting from 0, or None) and ``indices`` (that
+    batch's dataset indices, or None) say which and how. A RuntimeError, as
+    torch raises in this case."""
 
     def __init__(self, message: str, *, worker_id: int, pid: int, exitcode: int,
-                 batch: int | None) -> None:
+                 batch: int | None, indices: Any = None) -> None:
         super().__init__(message)
         self.worker_id = worker_id
         self.pid = pid
         self.exitcode = exitcode
         self.batch = batch
+        self.indices = indices
+
+    def __reduce__(self) -> Any:
+        # Keyword-only arguments: rebuilt through a function, so the
+        # exception crosses processes (pytest-xdist, multiprocessing pools).
+        return (_rebuild_worker_died, (str(self), self.worker_id, self.pid, self.exitcode,
+                                       self.batch, self.indices))
+
+
+def _rebuild_worker_died(message: str, worker_id: int, pid: int, exitcode: int,
+                         batch: int | None, indices: Any) -> WorkerDiedError:
+    return WorkerDiedError(message, worker_id=worker_id, pid=pid, exitcode=exitcode,
+                           batch=batch, indices=indices)

@@ -30,6 +30,7 @@ from fastload._torch import torch_or_none
 from fastload._warnings import warn_at_caller
 from fastload.collate import default_collate, default_convert
 from fastload.dataset import Dataset, _is_iterable_dataset
+from fastload.errors import InvalidArgumentError
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
 __all__ = ["DataLoader", "StatefulDataLoader"]
@@ -115,6 +116,11 @@ class DataLoader(Generic[T_co]):
             prefetch_factor = 2
         elif prefetch_factor is not None and prefetch_factor < 0:
             raise ValueError("prefetch_factor option should be non-negative")
+        elif prefetch_factor == 0:
+            # torch refuses it too (when iterating): no batch would ever be loaded.
+            raise InvalidArgumentError(
+                "prefetch_factor must be greater than 0 with worker processes "
+                f"(num_workers={num_workers}); got 0")
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
         if output not in _OUTPUTS:
@@ -302,6 +308,11 @@ class DataLoader(Generic[T_co]):
         # Persistent workers live in the first iterator, which every later
         # epoch resets instead of starting new processes.
         if self.persistent_workers and self.num_workers > 0:
+            if self._iterator is not None and not self._iterator.reusable:
+                # Its workers died: a fresh group, with the seed the old one
+                # had, so the generator is not drawn from again.
+                kept_base_seed = self._iterator._base_seed
+                self._iterator = None
             if self._iterator is None:
                 self._iterator = iterator = self._get_iterator(resume, kept_base_seed)
             else:

@@ -24,3 +24,6 @@ class CollateError(FastloadError, RuntimeError):
     def __init__(self, message, positions=None):
         super().__init__(message)
         self.positions = positions
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.positions))

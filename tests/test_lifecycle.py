@@ -1,0 +1,303 @@
+"""Errors per batch, set-up failures, deaths and resources of worker loading:
+torch's semantics, and nothing a user does grows or breaks the loader."""
+import dataclasses
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+import fastload as fl
+from fastload.errors import CollateError, ShmError, WorkerDiedError
+from test_faults import Sleepy, worker_children
+
+
+class FailsAt(fl.Dataset):
+    """Sample ``i`` is ``[i]``; the indices in ``bad`` raise ValueError."""
+
+    def __init__(self, n, bad):
+        self.n, self.bad = n, frozenset(bad)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i in self.bad:
+            raise ValueError(f"bad sample {i}")
+        return np.array([i])
+
+
+def outcome(loader, epochs=1):
+    result = []
+    for _ in range(epochs):
+        it = iter(loader)
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            except ValueError as exc:
+                result.append(("ValueError", re.findall(r"bad sample \d+", str(exc))))
+            else:
+                result.append(batch[:, 0].tolist())
+    return result
+
+
+N = 12
+POSITIONS = {"first": [0], "middle": [5], "last": [11], "every_batch": [0, 3, 6, 9]}
+
+
+@pytest.mark.parametrize("where", sorted(POSITIONS))
+@pytest.mark.parametrize("workers,persistent", [(1, False), (3, False), (1, True), (3, True)])
+def test_a_failing_sample_anywhere_fails_its_batch_only(where, workers, persistent):
+    dataset = FailsAt(N, POSITIONS[where])
+    expected = outcome(fl.DataLoader(dataset, batch_size=3), epochs=2)
+    assert ("ValueError" in str(expected)) and len(expected) == 8
+    loader = fl.DataLoader(dataset, batch_size=3, num_workers=workers,
+                           persistent_workers=persistent)
+    assert outcome(loader, epochs=2) == expected
+
+
+def test_persistent_loader_starts_fresh_workers_after_a_death():
+    loader = fl.DataLoader(Sleepy(n=16, delay=0.01), batch_size=2, num_workers=2,
+                           persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    os.kill(it.worker_pids[1], signal.SIGKILL)
+    with pytest.raises(WorkerDiedError) as info:
+        for _ in it:
+            pass
+    assert info.value.worker_id == 1
+    assert info.value.batch is None or 0 < info.value.batch < 8
+    # The epoch ended there; the next one gets a full, correct epoch.
+    with pytest.raises(StopIteration):
+        next(it)
+    epoch = [batch[:, 0].tolist() for batch in loader]
+    assert epoch == [[i, i + 1] for i in range(0, 16, 2)]
+    del it, loader
+    assert not worker_children()
+
+
+def test_worker_died_error_names_the_batch_position_and_indices():
+    class DiesAt(fl.Dataset):
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, i):
+            if i == 7:
+                os._exit(3)
+            return i
+
+    loader = fl.DataLoader(DiesAt(), batch_size=2, num_workers=2)
+    with pytest.raises(WorkerDiedError) as info:
+        list(loader)
+    error = info.value
+    assert error.batch == 3 and error.indices == [6, 7] and error.exitcode == 3
+    assert "batch 3 of the epoch" in str(error) and "[6, 7]" in str(error)
+
+
+def exceptions():
+    return [
+        WorkerDiedError("worker 1 died", worker_id=1, pid=123, exitcode=-9, batch=4,
+                        indices=[8, 9]),
+        CollateError("samples disagree", (3, 0)),
+        ShmError(12, "no memory"),
+        fl.InvalidArgumentError("bad"),
+        fl.RingClosedError("closed"),
+    ]
+
+
+@pytest.mark.parametrize("exc", exceptions(), ids=lambda e: type(e).__name__)
+def test_every_fastload_exception_pickles_to_an_equal_one(exc):
+    copy = pickle.loads(pickle.dumps(exc))
+    assert type(copy) is type(exc) and str(copy) == str(exc)
+    assert vars(copy) == vars(exc)
+
+
+def test_worker_info_is_frozen_with_torch_fields():
+    info = fl.WorkerInfo(id=0, num_workers=2, seed=5, dataset=None)
+    assert (info.rng, info.worker_method) == (None, "multiprocessing")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.id = 1
+
+
+class ShardedByTorch:
+    """The sharding recipe of torch's IterableDataset documentation, written
+    against torch.utils.data only."""
+
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+    def __iter__(self):
+        import torch.utils.data as tud
+
+        info = tud.get_worker_info()
+        if info is None:
+            return iter(range(self.start, self.end))
+        per_worker = -(-(self.end - self.start) // info.num_workers)
+        first = self.start + info.id * per_worker
+        assert info.worker_method == "multiprocessing" and info.dataset is self
+        return iter(range(first, min(first + per_worker, self.end)))
+
+
+@pytest.mark.parametrize("workers", [0, 2, 3])
+def test_torch_get_worker_info_shards_a_torch_style_dataset(workers):
+    torch = pytest.importorskip("torch", reason="needs torch installed")
+
+    class Stream(ShardedByTorch, torch.utils.data.IterableDataset):
+        pass
+
+    loader = fl.DataLoader(Stream(3, 40), batch_size=4, num_workers=workers)
+    seen = sorted(int(v) for batch in loader for v in batch)
+    assert seen == list(range(3, 40))
+
+
+def test_workers_use_one_torch_thread():
+    torch = pytest.importorskip("torch", reason="needs torch installed")
+
+    class Threads(fl.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return torch.get_num_threads()
+
+    assert [int(v) for b in fl.DataLoader(Threads(), batch_size=2, num_workers=2)
+            for v in b] == [1] * 4
+
+
+def test_prefetch_factor_zero_with_workers_is_refused():
+    with pytest.raises(ValueError, match="prefetch_factor"):
+        fl.DataLoader(range(8), num_workers=2, prefetch_factor=0)
+
+
+class InitFails:
+    def __call__(self, worker_id):
+        if worker_id == 2:
+            raise ValueError("worker_init_fn refused worker 2")
+
+
+def test_worker_init_fn_error_is_raised_with_more_workers_than_cores():
+    for _ in range(3):
+        loader = fl.DataLoader(Sleepy(n=32), batch_size=2, num_workers=4,
+                               worker_init_fn=InitFails())
+        with pytest.raises(ValueError, match="refused worker 2") as info:
+            list(loader)
+        assert "in worker_init_fn" in str(info.value)
+        del info
+        assert not worker_children()
+
+
+def test_iter_without_next_keeps_resources_bounded():
+    loader = fl.DataLoader(fl.ArrayDataset(np.arange(4096.0)), batch_size=64, num_workers=2,
+                           persistent_workers=True)
+    it = iter(loader)
+    fds, pool = len(os.listdir("/proc/self/fd")), it._workers.pool.nbytes
+    for _ in range(200):
+        it = iter(loader)
+    assert len(os.listdir("/proc/self/fd")) <= fds + 4
+    assert it._workers.pool.nbytes <= 2 * pool
+    assert sum(1 for _ in it) == 64
+
+
+SCRIPT_HEADER = """
+import os, signal, sys
+import numpy as np
+import fastload as fl
+"""
+
+
+def run_script(body, timeout=60):
+    code = SCRIPT_HEADER + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_a_child_forked_by_user_code_leaves_the_loader_alone():
+    result = run_script("""
+        ds = fl.ArrayDataset(np.arange(4096, dtype=np.float32).reshape(-1, 4))
+        loader = fl.DataLoader(ds, batch_size=64, num_workers=2, persistent_workers=True)
+        count = 0
+        for epoch in range(2):
+            for i, batch in enumerate(loader):
+                count += 1
+                if i == 3:
+                    pid = os.fork()
+                    if pid == 0:
+                        sys.exit(0)  # runs the child's exit handlers
+                    os.waitpid(pid, 0)
+        print("batches", count)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "batches 32" in result.stdout
+
+
+def test_sigchld_ignored_is_refused_with_a_clear_error():
+    result = run_script("""
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        ds = fl.ArrayDataset(np.arange(64))
+        for attempt in range(2):
+            try:
+                list(fl.DataLoader(ds, batch_size=8, num_workers=2))
+            except RuntimeError as exc:
+                print("refused:", exc)
+        print("in-process", len(list(fl.DataLoader(ds, batch_size=8))))
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("refused:") == 2 and "SIG_IGN" in result.stdout
+    assert "in-process 8" in result.stdout
+
+
+@pytest.mark.parametrize("context", ["fork", "forkserver"])
+@pytest.mark.parametrize("in_thread", [False, True])
+def test_workers_die_within_a_second_of_their_parent(context, in_thread):
+    # The parent is SIGKILLed while its workers sit in a long __getitem__.
+    script = f"""
+        import threading, time
+        class Slow(fl.Dataset):
+            def __len__(self):
+                return 8
+            def __getitem__(self, i):
+                time.sleep(60)
+                return i
+        def run():
+            it = iter(fl.DataLoader(Slow(), batch_size=1, num_workers=2,
+                                    multiprocessing_context={context!r}))
+            print(" ".join(map(str, it.worker_pids)), flush=True)
+            next(it)
+        if {in_thread}:
+            threading.Thread(target=run, daemon=True).start()
+            time.sleep(60)
+        else:
+            run()
+    """
+    parent = subprocess.Popen([sys.executable, "-c", SCRIPT_HEADER + textwrap.dedent(script)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2
+        time.sleep(0.3)  # the workers are inside __getitem__
+        parent.kill()
+        parent.wait()
+        killed = time.monotonic()
+        alive = pids
+        while alive and time.monotonic() - killed < 5:
+            alive = [p for p in pids if psutil.pid_exists(p)
+                     and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+            time.sleep(0.05)
+        # One second is the promise; 5 s bounds the test on a busy machine.
+        assert not alive, f"workers {alive} outlived their parent"
+    finally:
+        parent.kill()
+        for pid in pids if "pids" in locals() else []:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
