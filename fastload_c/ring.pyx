@@ -2,9 +2,9 @@
 """Lock-free shared-memory message rings and doorbells.
 
 A Ring carries byte messages from one producer process to one consumer
-process through a memfd segment; see NOTE [ring record layout], NOTE [ring
-memory ordering] and NOTE [ring waiting] in src/fl_ring.h. A Doorbell is a
-shared event counter a process can sleep on (NOTE [doorbell protocol] in
+process through a memfd segment; see NOTE [ Ring record layout ], NOTE [ Ring
+memory ordering ] and NOTE [ Ring waiting ] in src/fl_ring.h. A Doorbell is a
+shared event counter a process can sleep on (NOTE [ Doorbell protocol ] in
 src/fl_doorbell.h); a Ring built with one rings it after every message, so a
 process can wait on one doorbell for many rings.
 

@@ -424,7 +424,7 @@ def test_consumer_killed_asleep_leaves_a_working_ring(spawn_child):
     proc.kill()
     proc.join(5)
     # The dead sleeper stays counted (each put then makes a useless
-    # FUTEX_WAKE: NOTE [doorbell protocol]), but the ring keeps working.
+    # FUTEX_WAKE: NOTE [ Doorbell protocol ]), but the ring keeps working.
     put, get = ring.put, ring.get
     for round_ in range(3):
         for i in range(20_000):

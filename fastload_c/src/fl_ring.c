@@ -154,7 +154,7 @@ static inline int attempt(fl_ring *r, const void *src, uint64_t len, fl_ring_msg
     return m == NULL ? fl_ring_try_put(r, src, len) : fl_ring_try_peek(r, m);
 }
 
-/* Blocking put or peek: spin, then sleep on `db` (see NOTE [ring waiting]). */
+/* Blocking put or peek: spin, then sleep on `db` (see NOTE [ Ring waiting ]). */
 static int block(fl_ring *r, const void *src, uint64_t len, fl_ring_msg *m,
                  const struct timespec *deadline)
 {

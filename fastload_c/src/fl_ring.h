@@ -6,7 +6,7 @@
  * (fastload_c.ring puts it in a memfd Segment) and supplies a process-local
  * handle, fl_ring, per process that uses the ring.
  *
- * NOTE [ring record layout]
+ * NOTE [ Ring record layout ]
  * The segment is a header (fl_ring_shared) followed by `capacity` data bytes,
  * capacity a power of two. Each message is a record: an 8-byte length, then
  * the payload, then padding to a multiple of 8. Records are contiguous in
@@ -20,7 +20,7 @@
  * caller wanting one contiguous block copies only when the second is
  * non-empty.
  *
- * NOTE [ring memory ordering]
+ * NOTE [ Ring memory ordering ]
  * head is written only by the producer, tail only by the consumer; each sits
  * on its own cache line with the counters and doorbell its writer touches, so
  * the two sides never write the same line on the hot path.
@@ -34,14 +34,14 @@
  *   value is only an underestimate, so the cached value answers most calls
  *   and the peer's line is read only when the cache says full or empty.
  * - After publishing, each side rings its doorbell (data after head moves,
- *   space after tail moves); waiting follows NOTE [doorbell protocol] in
+ *   space after tail moves); waiting follows NOTE [ Doorbell protocol ] in
  *   fl_doorbell.h, so a side that nobody waits for makes no system call.
  * - close() sets `closed`, then rings both doorbells, so a waiter on either
  *   side re-checks and sees it.
  * - A reader finding the ring empty and closed re-reads head after reading
  *   `closed` (acquire): messages put before close() are delivered first.
  *
- * NOTE [ring waiting]
+ * NOTE [ Ring waiting ]
  * A blocking call first retries for spin_ns (a pause instruction between
  * tries), then sleeps on the doorbell futex with the caller's absolute
  * deadline, so a blocked process uses no CPU and a dead peer only costs the
@@ -108,7 +108,7 @@ typedef struct {
     uint64_t tail_seen;  /* producer: a lower bound of tail */
     uint64_t lent;       /* consumer: size of the peeked, unreleased record */
     fl_doorbell *extra;  /* rung after each publish too; may be NULL */
-    int64_t spin_ns;     /* see NOTE [ring waiting] */
+    int64_t spin_ns;     /* see NOTE [ Ring waiting ] */
 } fl_ring;
 
 /* A peeked message: part[0] (size[0] bytes) then part[1] (size[1] bytes,
@@ -141,8 +141,8 @@ static inline uint64_t fl_ring_max_message(const fl_ring *r)
     return r->capacity - FL_RING_RECORD_HEADER;
 }
 
-/* Producer. try_put: 0, AGAIN, CLOSED or TOOBIG. put: blocks (NOTE [ring
- * waiting]) and returns 0, CLOSED, TOOBIG, TIMEOUT, INTR or ERRNO. */
+/* Producer. try_put: 0, AGAIN, CLOSED or TOOBIG. put: blocks (NOTE [ Ring
+ * waiting ]) and returns 0, CLOSED, TOOBIG, TIMEOUT, INTR or ERRNO. */
 int fl_ring_try_put(fl_ring *r, const void *src, uint64_t len);
 int fl_ring_put(fl_ring *r, const void *src, uint64_t len, const struct timespec *deadline);
 
