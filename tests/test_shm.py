@@ -30,6 +30,23 @@ def test_oversized_segment_raises_naming_the_size():
         Segment(huge)
 
 
+def test_segment_size_is_sealed_and_descriptor_close_on_exec():
+    seg = Segment(1 << 16)
+    assert not os.get_inheritable(seg.fd)
+    for size in (0, 4096, 1 << 17):  # shrinking would make touching the end SIGBUS
+        with pytest.raises(PermissionError):
+            os.ftruncate(seg.fd, size)
+    assert os.fstat(seg.fd).st_size == 1 << 16
+    np.frombuffer(seg, dtype=np.uint8)[-1] = 1
+
+
+def test_attach_makes_a_received_descriptor_close_on_exec():
+    seg = Segment(4096)
+    fd = os.dup(seg.fd)
+    os.set_inheritable(fd, True)  # as received over a socket without MSG_CMSG_CLOEXEC
+    assert not os.get_inheritable(Segment.attach(fd, 4096).fd)
+
+
 def test_close_refused_while_viewed_and_releases_fd():
     seg = Segment(4096)
     fd = seg.fd

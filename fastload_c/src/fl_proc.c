@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -14,30 +15,50 @@
 
 /* Read by the handler, written by threads: every slot is an atomic pointer. */
 static fl_doorbell *doorbells[FL_PROC_MAX_DOORBELLS];
-static struct sigaction previous;
+/* The handler that was installed before ours, to chain to. A pointer, swapped
+ * atomically, to a copy that is never changed or freed: a handler running on
+ * another thread may be reading the old one while install() runs again. */
+static struct sigaction *previous;
 static uint64_t sigchld_count;
 /* Handlers running now; remove waits for it to drop to zero so that a
  * doorbell is never rung after its owner unmapped it. */
 static int handlers_running;
+/* Whether this thread is inside on_sigchld: the chain can lead back to it
+ * (installed, replaced by a handler that chains to ours, installed again
+ * over that one), and a second pass would recurse until the stack ends.
+ * initial-exec: a general-dynamic TLS access may allocate, which a signal
+ * handler must not do. */
+static __thread int __attribute__((tls_model("initial-exec"))) inside_handler;
 
 static void on_sigchld(int sig, siginfo_t *info, void *context)
 {
+    if (inside_handler)
+        return;
+    inside_handler = 1;
     int saved_errno = errno;
-    __atomic_add_fetch(&handlers_running, 1, __ATOMIC_ACQ_REL);
+    /* seq_cst, here and in fl_proc_remove_doorbell: each side writes one
+     * variable then reads the other's (counter then slots here, slot then
+     * counter there). Only the single total order of seq_cst forbids both
+     * reading the old values, i.e. the remover seeing no handler running
+     * while this one rings the doorbell it is taking away. */
+    __atomic_add_fetch(&handlers_running, 1, __ATOMIC_SEQ_CST);
     __atomic_add_fetch(&sigchld_count, 1, __ATOMIC_RELEASE);
     for (int i = 0; i < FL_PROC_MAX_DOORBELLS; i++) {
-        fl_doorbell *db = __atomic_load_n(&doorbells[i], __ATOMIC_ACQUIRE);
+        fl_doorbell *db = __atomic_load_n(&doorbells[i], __ATOMIC_SEQ_CST);
         if (db != NULL)
             fl_doorbell_ring(db);
     }
-    __atomic_sub_fetch(&handlers_running, 1, __ATOMIC_ACQ_REL);
+    __atomic_sub_fetch(&handlers_running, 1, __ATOMIC_SEQ_CST);
     errno = saved_errno;
-    if (previous.sa_flags & SA_SIGINFO) {
-        if (previous.sa_sigaction != NULL)
-            previous.sa_sigaction(sig, info, context);
-    } else if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) {
-        previous.sa_handler(sig);
+    /* Set before the handler was installed: never NULL here. */
+    const struct sigaction *chained = __atomic_load_n(&previous, __ATOMIC_ACQUIRE);
+    if (chained->sa_flags & SA_SIGINFO) {
+        if (chained->sa_sigaction != NULL)
+            chained->sa_sigaction(sig, info, context);
+    } else if (chained->sa_handler != SIG_DFL && chained->sa_handler != SIG_IGN) {
+        chained->sa_handler(sig);
     }
+    inside_handler = 0;
 }
 
 /* A forked worker inherits the handler but not the parent's job of waiting:
@@ -67,20 +88,24 @@ int fl_proc_install_sigchld(void)
         }
         atfork_registered = 1;
     }
+    if (!(current.sa_flags & SA_SIGINFO) && current.sa_handler == SIG_IGN) {
+        /* SIG_IGN asks the kernel to reap children itself; keep that promise
+         * to whoever set it rather than leave zombies behind. */
+        errno = EBUSY;
+        return -1;
+    }
+    /* Publish what to chain to before the handler can run. Rare (once, and
+     * again only after someone replaced ours), so the old copy is kept. */
+    struct sigaction *chained = malloc(sizeof *chained);
+    if (chained == NULL)
+        return -1;
+    *chained = current;
+    __atomic_store_n(&previous, chained, __ATOMIC_RELEASE);
     memset(&action, 0, sizeof action);
     action.sa_sigaction = on_sigchld;
     action.sa_flags = SA_SIGINFO | SA_RESTART | SA_NOCLDSTOP;
     sigemptyset(&action.sa_mask);
-    if (sigaction(SIGCHLD, &action, &previous) != 0)
-        return -1;
-    if (!(previous.sa_flags & SA_SIGINFO) && previous.sa_handler == SIG_IGN) {
-        /* SIG_IGN asks the kernel to reap children itself; keep that promise
-         * to whoever set it rather than leave zombies behind. */
-        sigaction(SIGCHLD, &previous, NULL);
-        errno = EBUSY;
-        return -1;
-    }
-    return 0;
+    return sigaction(SIGCHLD, &action, NULL);
 }
 
 int fl_proc_add_doorbell(fl_doorbell *db)
@@ -100,9 +125,10 @@ void fl_proc_remove_doorbell(fl_doorbell *db)
     for (int i = 0; i < FL_PROC_MAX_DOORBELLS; i++) {
         fl_doorbell *expected = db;
         __atomic_compare_exchange_n(&doorbells[i], &expected, NULL, 0,
-                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+                                    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
     }
-    while (__atomic_load_n(&handlers_running, __ATOMIC_ACQUIRE) != 0)
+    /* seq_cst: see on_sigchld. */
+    while (__atomic_load_n(&handlers_running, __ATOMIC_SEQ_CST) != 0)
         sched_yield();
 }
 
