@@ -15,50 +15,60 @@
 
 /* Read by the handler, written by threads: every slot is an atomic pointer. */
 static fl_doorbell *doorbells[FL_PROC_MAX_DOORBELLS];
-/* The handler that was installed before ours, to chain to. A pointer, swapped
- * atomically, to a copy that is never changed or freed: a handler running on
- * another thread may be reading the old one while install() runs again. */
-static struct sigaction *previous;
+/* The handlers ours replaced, newest first: one link per installation, each
+ * never changed or freed once published, since a handler running on another
+ * thread may be reading it while install() runs again. */
+struct chained {
+    struct sigaction action;
+    const struct chained *older;
+};
+static const struct chained *newest;
 static uint64_t sigchld_count;
 /* Handlers running now; remove waits for it to drop to zero so that a
  * doorbell is never rung after its owner unmapped it. */
 static int handlers_running;
-/* Whether this thread is inside on_sigchld: the chain can lead back to it
- * (installed, replaced by a handler that chains to ours, installed again
- * over that one), and a second pass would recurse until the stack ends.
- * initial-exec: a general-dynamic TLS access may allocate, which a signal
- * handler must not do. */
-static __thread int __attribute__((tls_model("initial-exec"))) inside_handler;
+/* The link this thread's handler is chaining through, NULL outside it. A
+ * chain can lead back into ours: installed, replaced by a handler that
+ * chains to ours, installed again over that one. Re-entered so, ours only
+ * goes on to the next older link, so the chain ends after every handler ran
+ * once, instead of recursing until the stack ends. initial-exec: a
+ * general-dynamic TLS access may allocate, which a signal handler must not. */
+static __thread const struct chained *chaining_through __attribute__((tls_model("initial-exec")));
 
 static void on_sigchld(int sig, siginfo_t *info, void *context)
 {
-    if (inside_handler)
-        return;
-    inside_handler = 1;
+    const struct chained *link;
     int saved_errno = errno;
-    /* seq_cst, here and in fl_proc_remove_doorbell: each side writes one
-     * variable then reads the other's (counter then slots here, slot then
-     * counter there). Only the single total order of seq_cst forbids both
-     * reading the old values, i.e. the remover seeing no handler running
-     * while this one rings the doorbell it is taking away. */
-    __atomic_add_fetch(&handlers_running, 1, __ATOMIC_SEQ_CST);
-    __atomic_add_fetch(&sigchld_count, 1, __ATOMIC_RELEASE);
-    for (int i = 0; i < FL_PROC_MAX_DOORBELLS; i++) {
-        fl_doorbell *db = __atomic_load_n(&doorbells[i], __ATOMIC_SEQ_CST);
-        if (db != NULL)
-            fl_doorbell_ring(db);
+    if (chaining_through != NULL) {
+        link = chaining_through->older;
+    } else {
+        /* seq_cst, here and in fl_proc_remove_doorbell: each side writes one
+         * variable then reads the other's (counter then slots here, slot
+         * then counter there). Only the single total order of seq_cst
+         * forbids both reading the old values, i.e. the remover seeing no
+         * handler running while this one rings the doorbell it takes away. */
+        __atomic_add_fetch(&handlers_running, 1, __ATOMIC_SEQ_CST);
+        __atomic_add_fetch(&sigchld_count, 1, __ATOMIC_RELEASE);
+        for (int i = 0; i < FL_PROC_MAX_DOORBELLS; i++) {
+            fl_doorbell *db = __atomic_load_n(&doorbells[i], __ATOMIC_SEQ_CST);
+            if (db != NULL)
+                fl_doorbell_ring(db);
+        }
+        __atomic_sub_fetch(&handlers_running, 1, __ATOMIC_SEQ_CST);
+        link = __atomic_load_n(&newest, __ATOMIC_ACQUIRE);
     }
-    __atomic_sub_fetch(&handlers_running, 1, __ATOMIC_SEQ_CST);
     errno = saved_errno;
-    /* Set before the handler was installed: never NULL here. */
-    const struct sigaction *chained = __atomic_load_n(&previous, __ATOMIC_ACQUIRE);
-    if (chained->sa_flags & SA_SIGINFO) {
-        if (chained->sa_sigaction != NULL)
-            chained->sa_sigaction(sig, info, context);
-    } else if (chained->sa_handler != SIG_DFL && chained->sa_handler != SIG_IGN) {
-        chained->sa_handler(sig);
+    if (link == NULL)
+        return;
+    const struct chained *outer = chaining_through;
+    chaining_through = link;
+    if (link->action.sa_flags & SA_SIGINFO) {
+        if (link->action.sa_sigaction != NULL)
+            link->action.sa_sigaction(sig, info, context);
+    } else if (link->action.sa_handler != SIG_DFL && link->action.sa_handler != SIG_IGN) {
+        link->action.sa_handler(sig);
     }
-    inside_handler = 0;
+    chaining_through = outer;
 }
 
 /* A forked worker inherits the handler but not the parent's job of waiting:
@@ -95,12 +105,13 @@ int fl_proc_install_sigchld(void)
         return -1;
     }
     /* Publish what to chain to before the handler can run. Rare (once, and
-     * again only after someone replaced ours), so the old copy is kept. */
-    struct sigaction *chained = malloc(sizeof *chained);
-    if (chained == NULL)
+     * again only after someone replaced ours), so links are never freed. */
+    struct chained *link = malloc(sizeof *link);
+    if (link == NULL)
         return -1;
-    *chained = current;
-    __atomic_store_n(&previous, chained, __ATOMIC_RELEASE);
+    link->action = current;
+    link->older = newest;
+    __atomic_store_n(&newest, link, __ATOMIC_RELEASE);
     memset(&action, 0, sizeof action);
     action.sa_sigaction = on_sigchld;
     action.sa_flags = SA_SIGINFO | SA_RESTART | SA_NOCLDSTOP;
@@ -150,7 +161,9 @@ int fl_proc_die_with_parent(int sig, int expected_parent)
 
 int fl_proc_keep_freed_heap(size_t keep_bytes, size_t block_bytes)
 {
-#ifdef __GLIBC__
+    /* Under AddressSanitizer malloc is not glibc's, and mallopt is a no-op
+     * that reports failure. */
+#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__)
     if (keep_bytes > INT_MAX || block_bytes > INT_MAX) {
         errno = EINVAL;
         return -1;

@@ -45,7 +45,8 @@ int fl_proc_die_with_parent(int sig, int expected_parent);
 
 /* Have malloc keep up to `keep_bytes` of freed memory instead of returning
  * it to the kernel, and serve blocks up to `block_bytes` from the heap
- * (glibc's mallopt; elsewhere it does nothing and returns 0). 0, or -1 with
+ * (glibc's mallopt; elsewhere, sanitizer builds included, it does nothing
+ * and returns 0). 0, or -1 with
  * errno EINVAL when glibc refuses a value. */
 int fl_proc_keep_freed_heap(size_t keep_bytes, size_t block_bytes);
 
