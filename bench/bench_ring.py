@@ -158,7 +158,8 @@ def main():
     scale = 0.1 if args.quick else 1.0
     repeats = args.repeats or (3 if args.quick else 5)
     # Message counts per contender, sized for about a quarter second each.
-    n_small = {"ring": 600_000, "ring spin0": 600_000, "Queue": 60_000, "SimpleQueue": 150_000, "Pipe": 150_000}
+    n_small = {"ring": 600_000, "ring spin0": 600_000, "Queue": 60_000, "SimpleQueue": 150_000,
+               "Pipe": 150_000}
     n_big = {"ring": 2000, "ring spin0": 2000, "Queue": 300, "SimpleQueue": 300, "Pipe": 300}
     n_rtt = {"ring": 20_000, "ring spin0": 5000, "Queue": 3000, "SimpleQueue": 5000, "Pipe": 5000}
 

@@ -1,5 +1,4 @@
 """fastload_c.proc: SIGCHLD wakes a doorbell sleeper; workers die with their parent."""
-import os
 import signal
 import subprocess
 import sys
@@ -8,7 +7,6 @@ import threading
 import time
 
 import psutil
-import pytest
 
 from fastload_c import proc
 from fastload_c.ring import Doorbell

@@ -156,7 +156,8 @@ def test_pickle_transport_puts_large_buffers_in_the_slot():
     for key in ("big", "small", "fortran"):
         assert got[key].dtype == obj[key].dtype and (got[key] == obj[key]).all()
     lo = np.frombuffer(lease, np.uint8).ctypes.data
-    inside = lambda a: lo <= a.ctypes.data < lo + lease.capacity
+    hi = lo + lease.capacity
+    inside = lambda a: lo <= a.ctypes.data < hi
     assert inside(got["big"]) and inside(got["fortran"]) and got["fortran"].flags.f_contiguous
     assert not inside(got["small"])  # under inband_limit: in the stream
     del lease

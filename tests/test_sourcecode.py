@@ -19,6 +19,14 @@ def test_mypy_is_clean_on_fastload():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.timeout(120)
+def test_ruff_is_clean():
+    pytest.importorskip("ruff", reason="ruff comes with the test extra")
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format",
+                          "concise", "."], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 @pytest.mark.timeout(300)
 def test_stubs_of_the_compiled_core_match_it():
     """Every compiled module has a stub (mypy then checks each call across the
