@@ -60,6 +60,7 @@ def worker_children():
     return children
 
 
+@pytest.mark.timing
 def test_sigkill_of_a_worker_is_reported_within_100ms():
     loader = fl.DataLoader(Sleepy(delay=0.5), batch_size=1, num_workers=2)
     it = iter(loader)
@@ -81,8 +82,9 @@ def test_sigkill_of_a_worker_is_reported_within_100ms():
     assert not worker_children()
 
 
-def test_sigkill_detection_latency_when_idle_waiting():
-    """The main thread sleeps on its doorbell; SIGCHLD must wake it at once."""
+def _death_noticed_after():
+    """Seconds from a worker's SIGKILL to the main thread's WorkerDiedError
+    while it sleeps on its doorbell (without SIGCHLD: a poll, seconds)."""
     import threading
 
     loader = fl.DataLoader(Sleepy(n=4, delay=30), batch_size=1, num_workers=1)
@@ -100,9 +102,19 @@ def test_sigkill_detection_latency_when_idle_waiting():
         next(it)
     noticed = time.perf_counter()
     timer.join()
-    assert noticed - killed_at[0] < 0.1
     del it
     assert not worker_children()
+    return noticed - killed_at[0]
+
+
+@pytest.mark.timing
+def test_sigkill_detection_latency_when_idle_waiting():
+    """The main thread sleeps on its doorbell; SIGCHLD must wake it at once:
+    within 0.1 s in the best of up to three tries."""
+    lags = [_death_noticed_after()]
+    while len(lags) < 3 and min(lags) >= 0.1:
+        lags.append(_death_noticed_after())
+    assert min(lags) < 0.1, lags
 
 
 def test_exception_in_worker_keeps_type_traceback_worker_and_index():

@@ -176,31 +176,36 @@ def test_bad_timeouts_are_rejected():
 
 
 def _overshoots(call, timeout, repeats=5):
+    """How late each of `repeats` calls that time out returns, in seconds."""
     out = []
     for _ in range(repeats):
         start = time.monotonic()
-        with pytest.raises(TimeoutError, match="timed out"):
-            call(timeout)
+        call(timeout)
         out.append(time.monotonic() - start - timeout)
     return out
 
 
+def _times_out(call):
+    def timing_out(timeout):
+        with pytest.raises(TimeoutError, match="timed out"):
+            call(timeout)
+    return timing_out
+
+
+@pytest.mark.timing
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("timeout", [0.0, 0.02, 0.1])
 def test_timeouts_are_honoured_within_milliseconds(timeout):
     ring = Ring(64)
     ring.put(b"x" * 56)
-    full_put = _overshoots(lambda t: ring.put(b"y", timeout=t), timeout)
+    full_put = _overshoots(_times_out(lambda t: ring.put(b"y", timeout=t)), timeout)
     ring.get()
-    empty_get = _overshoots(lambda t: ring.get(timeout=t), timeout)
+    empty_get = _overshoots(_times_out(lambda t: ring.get(timeout=t)), timeout)
     bell = Doorbell()
-    start = time.monotonic()
-    assert bell.wait(bell.seq, timeout=timeout) is False
-    bell_over = time.monotonic() - start - timeout
-    for over in (full_put, empty_get):
-        assert min(over) >= 0  # never early
+    bell_wait = _overshoots(lambda t: bell.wait(bell.seq, timeout=t) and pytest.fail("rang"), timeout)
+    for over in (full_put, empty_get, bell_wait):
+        assert min(over) >= 0  # never early: the deadline is on the monotonic clock
         assert statistics.median(over) < 0.005
-    assert 0 <= bell_over < 0.05
 
 
 @pytest.mark.timeout(10)
@@ -338,34 +343,36 @@ def _block_then_report(conn, ring, side):
                        else ring.get(timeout=10)))
 
 
-def _assert_prompt(spawn_child, side, action, expected):
-    ring = Ring(1024)
-    proc, conn = spawn_child("fork", _block_then_report, ring, side)
-    assert conn.recv() == "ready"
-    time.sleep(0.2)  # past the spin: asleep on the futex
-    acted_at = time.monotonic()
-    action(ring)
-    name, returned_at = conn.recv()
-    assert name == expected
-    assert returned_at - acted_at < 0.1
+def _assert_prompt(spawn_child, side, act, expected, attempts=3):
+    """A child blocked on a ring returns with `expected` soon after act(ring,
+    child): within 0.1 s in the best of up to `attempts` tries (the call
+    would otherwise wait out its 10 s timeout)."""
+    lags = []
+    while len(lags) < attempts and (not lags or min(lags) >= 0.1):
+        ring = Ring(1024)
+        proc, conn = spawn_child("fork", _block_then_report, ring, side)
+        assert conn.recv() == "ready"
+        time.sleep(0.2)  # past the spin: asleep on the futex
+        acted_at = time.monotonic()
+        act(ring, proc)
+        name, returned_at = conn.recv()
+        assert name == expected
+        lags.append(returned_at - acted_at)
+    assert min(lags) < 0.1, lags
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timing
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("side", ["get", "put"])
 def test_close_wakes_a_blocked_peer(spawn_child, side):
-    _assert_prompt(spawn_child, side, Ring.close, "RingClosedError")
+    _assert_prompt(spawn_child, side, lambda ring, _: ring.close(), "RingClosedError")
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timing
+@pytest.mark.timeout(60)
 def test_sigint_reaches_a_blocked_get(spawn_child):
-    ring = Ring(1024)
-    proc, conn = spawn_child("fork", _block_then_report, ring, "get")
-    assert conn.recv() == "ready"
-    time.sleep(0.2)
-    sent_at = time.monotonic()
-    os.kill(proc.pid, signal.SIGINT)
-    name, returned_at = conn.recv()
-    assert name == "KeyboardInterrupt" and returned_at - sent_at < 0.1
+    _assert_prompt(spawn_child, "get", lambda _, proc: os.kill(proc.pid, signal.SIGINT),
+                   "KeyboardInterrupt")
 
 
 def _cpu_while_blocked(conn, ring, side):
@@ -410,7 +417,7 @@ def test_producer_killed_while_consumer_waits(spawn_child):
     start = time.monotonic()
     with pytest.raises(TimeoutError):
         ring.get(timeout=0.5)
-    assert 0.5 <= time.monotonic() - start < 0.6
+    assert time.monotonic() - start >= 0.5  # waited out its timeout, not woken by the death
     proc.join(5)
     assert proc.exitcode == -signal.SIGKILL
 
@@ -435,7 +442,7 @@ def test_consumer_killed_asleep_leaves_a_working_ring(spawn_child):
     start = time.monotonic()
     with pytest.raises(TimeoutError):
         ring.put(b"after", timeout=0.2)
-    assert 0.2 <= time.monotonic() - start < 0.3
+    assert time.monotonic() - start >= 0.2
     assert ring.get() == b"after"
 
 
