@@ -14,6 +14,8 @@ import pytest
 
 import fastload as fl
 
+from _dev_shm import dev_shm_names
+
 
 class Sleepy(fl.Dataset):
     """Each sample takes `delay` seconds, so the main process waits on workers."""
@@ -263,7 +265,7 @@ def fd_count():
 def test_two_hundred_lifecycles_leak_nothing():
     ds = Sleepy(n=40)
     failing = Failing()
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = dev_shm_names()
     gc.collect()
     fds_before = fd_count()
     for round_ in range(200):
@@ -281,7 +283,7 @@ def test_two_hundred_lifecycles_leak_nothing():
     gc.collect()
     assert fd_count() == fds_before
     assert worker_children() == []
-    assert set(os.listdir("/dev/shm")) == shm_before
+    assert dev_shm_names() == shm_before
 
 
 class Ragged(fl.Dataset):
