@@ -8,6 +8,9 @@ Build variants, chosen by environment variable:
   FASTLOAD_DEBUG=1     -O0 -g, C assertions on, Cython bounds checks on.
   FASTLOAD_SANITIZE=1  as DEBUG, plus AddressSanitizer and UBSan (run with
                        LD_PRELOAD of libasan, as for any sanitized extension).
+Cython writes the C of these variants under build/, not beside the .pyx, so
+that a variant never reuses C generated with another's directives.
+.ci/sanitized builds the sanitized variant and runs part of the suite on it.
 """
 import glob
 import os
@@ -54,4 +57,6 @@ extensions = [
     for path in sorted(glob.glob("fastload_c/*.pyx"))
 ]
 
-setup(ext_modules=cythonize(extensions, compiler_directives=directives))
+variant = "sanitize" if sanitize else "debug" if debug else None
+setup(ext_modules=cythonize(extensions, compiler_directives=directives,
+                            build_dir=variant and os.path.join("build", "cython-" + variant)))

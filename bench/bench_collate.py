@@ -94,7 +94,7 @@ def run_contender(name, repeats, min_time, shapes):
             else:
                 fn = lambda: np.stack([column[i] for i in indices])
         results["{}x{}".format(batch, nbytes)] = measure(fn, repeats, min_time)
-        del fn, samples, slot, lease, pool
+        fn = samples = slot = lease = pool = None  # freed before the next shape's
     out = {"seconds": results, "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
     if name == "torch":
         out["torch_threads"] = torch.get_num_threads()

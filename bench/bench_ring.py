@@ -9,8 +9,7 @@ Measures, between two processes freshly forked for every run:
   round trip 64 B  ping-pong, both sides in blocking calls; median per run
 Contenders alternate order between repeats; the figure reported is the
 median over repeats. The consumer times from its first message to its last,
-so process start is not counted. "ring view" consumes with get_view() (no
-copy out) where "ring" uses get(); "ring spin0" is "ring" with spin=0, so
+so process start is not counted. "ring spin0" is "ring" with spin=0, so
 that every wait sleeps on the futex at once (no spinning).
 """
 import argparse
@@ -29,7 +28,7 @@ import numpy as np
 import fastload_c
 from fastload_c.ring import Ring
 
-CONTENDERS = ["ring", "ring view", "ring spin0", "Queue", "SimpleQueue", "Pipe"]
+CONTENDERS = ["ring", "ring spin0", "Queue", "SimpleQueue", "Pipe"]
 MIB = 1 << 20
 
 
@@ -53,8 +52,6 @@ def send_fn(kind, ch):
 
 
 def recv_fn(kind, ch):
-    if kind == "ring view":
-        return ch.get_view
     return ch.recv_bytes if kind == "Pipe" else ch.get
 
 
@@ -161,9 +158,10 @@ def main():
     scale = 0.1 if args.quick else 1.0
     repeats = args.repeats or (3 if args.quick else 5)
     # Message counts per contender, sized for about a quarter second each.
-    n_small = {"ring": 600_000, "ring view": 600_000, "ring spin0": 600_000, "Queue": 60_000, "SimpleQueue": 150_000, "Pipe": 150_000}
-    n_big = {"ring": 2000, "ring view": 2000, "ring spin0": 2000, "Queue": 300, "SimpleQueue": 300, "Pipe": 300}
-    n_rtt = {"ring": 20_000, "ring view": 20_000, "ring spin0": 5000, "Queue": 3000, "SimpleQueue": 5000, "Pipe": 5000}
+    n_small = {"ring": 600_000, "ring spin0": 600_000, "Queue": 60_000, "SimpleQueue": 150_000,
+               "Pipe": 150_000}
+    n_big = {"ring": 2000, "ring spin0": 2000, "Queue": 300, "SimpleQueue": 300, "Pipe": 300}
+    n_rtt = {"ring": 20_000, "ring spin0": 5000, "Queue": 3000, "SimpleQueue": 5000, "Pipe": 5000}
 
     info = versions()
     print("versions:", ", ".join("{}={}".format(k, v) for k, v in info.items()))

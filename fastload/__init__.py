@@ -1,6 +1,5 @@
 """fastload: a numpy-native data loader with the API of torch.utils.data."""
 import fastload_c  # noqa: F401  (fails early, with build instructions, if the core is missing)
-
 from fastload._gathered import GatheredBatch
 from fastload._sample_rng import sample_rng
 from fastload._stats import LoaderStats

@@ -42,7 +42,11 @@ import numpy as np
 from fastload._torch import torch_data_class, torch_if_imported
 from fastload.distributed import DistributedSampler
 from fastload.sampler import (
-    BatchSampler, RandomSampler, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler,
+    BatchSampler,
+    RandomSampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
 )
 
 _EPOCH_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)

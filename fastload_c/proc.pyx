@@ -1,6 +1,6 @@
 # distutils: sources = fastload_c/src/fl_proc.c
 """Worker lifecycle mechanism: SIGCHLD wakes the waiting main process, and
-workers die with their parent. See NOTE [worker-death detection] in
+workers die with their parent. See NOTE [ Worker-death detection ] in
 src/fl_proc.h."""
 from fastload_c.ring cimport Doorbell
 

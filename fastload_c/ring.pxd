@@ -27,7 +27,6 @@ cdef extern from "fl_ring.h" nogil:
         FL_RING_AGAIN
         FL_RING_CLOSED
         FL_RING_TIMEOUT
-        FL_RING_WOKEN
         FL_RING_INTR
         FL_RING_TOOBIG
         FL_RING_CORRUPT
@@ -49,17 +48,14 @@ cdef extern from "fl_ring.h" nogil:
     void fl_ring_set_spin(fl_ring *r, int64_t ns)
     uint64_t fl_ring_max_message(const fl_ring *r)
     int fl_ring_try_put(fl_ring *r, const void *src, uint64_t len)
-    int fl_ring_put(fl_ring *r, const void *src, uint64_t len,
-                    const timespec *deadline, uint32_t wakes_seen)
+    int fl_ring_put(fl_ring *r, const void *src, uint64_t len, const timespec *deadline)
     int fl_ring_try_peek(fl_ring *r, fl_ring_msg *m)
-    int fl_ring_peek(fl_ring *r, fl_ring_msg *m, const timespec *deadline, uint32_t wakes_seen)
+    int fl_ring_peek(fl_ring *r, fl_ring_msg *m, const timespec *deadline)
     void fl_ring_release(fl_ring *r)
     void fl_ring_unpeek(fl_ring *r)
     void fl_ring_copy(const fl_ring_msg *m, void *dst)
     void fl_ring_close(fl_ring *r)
     int fl_ring_is_closed(const fl_ring *r)
-    void fl_ring_wake(fl_ring *r)
-    uint32_t fl_ring_wakes(const fl_ring *r)
     uint64_t fl_ring_count(const fl_ring *r)
     uint64_t fl_ring_space(const fl_ring *r)
 
@@ -71,23 +67,13 @@ cdef class Doorbell:
     cdef fl_doorbell *db
 
 
-cdef class _Lent:
-    cdef Segment _segment
-    cdef const unsigned char *buf
-    cdef Py_ssize_t len
-
-
 cdef class Ring:
     cdef fl_ring r
     cdef Segment _segment
     cdef Doorbell _doorbell
-    cdef _Lent _lent
-    cdef object _view
 
     cdef int _put(self, const char *data, Py_ssize_t size, object timeout, bint block) except -1
     cdef int _peek(self, fl_ring_msg *m, object timeout, bint block) except -1
     cdef int _block(self, const char *data, Py_ssize_t size, fl_ring_msg *m,
-                    object timeout, uint32_t wakes) except -1
+                    object timeout) except -1
     cdef bytes _take(self, fl_ring_msg *m)
-    cdef object _lend(self, fl_ring_msg *m)
-    cdef int _drop_view(self) except -1

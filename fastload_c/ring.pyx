@@ -2,19 +2,18 @@
 """Lock-free shared-memory message rings and doorbells.
 
 A Ring carries byte messages from one producer process to one consumer
-process through a memfd segment; see NOTE [ring record layout], NOTE [ring
-memory ordering] and NOTE [ring waiting] in src/fl_ring.h. A Doorbell is a
-shared event counter a process can sleep on (NOTE [doorbell protocol] in
+process through a memfd segment; see NOTE [ Ring record layout ], NOTE [ Ring
+memory ordering ] and NOTE [ Ring waiting ] in src/fl_ring.h. A Doorbell is a
+shared event counter a process can sleep on (NOTE [ Doorbell protocol ] in
 src/fl_doorbell.h); a Ring built with one rings it after every message, so a
 process can wait on one doorbell for many rings.
 
 Both pickle by carrying their Segment, so they reach processes started by
 fork, spawn or forkserver as descriptors.
 """
-from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.exc cimport PyErr_CheckSignals
-from cpython.memoryview cimport PyMemoryView_FromObject
 from libc.errno cimport EINTR, ETIMEDOUT
 
 include "_status.pxi"
@@ -95,17 +94,6 @@ def _rebuild_doorbell(Segment segment):
     return Doorbell(_segment=segment)
 
 
-cdef class _Lent:
-    """Exports the message get_view() lends, read-only; its views keep the
-    segment mapped, so they never outlive the memory they show."""
-
-    def __cinit__(self, Segment segment):
-        self._segment = segment
-
-    def __getbuffer__(self, Py_buffer *view, int flags):
-        PyBuffer_FillInfo(view, self, <void *>self.buf, self.len, 1, flags)
-
-
 cdef class Ring:
     """A single-producer/single-consumer ring of byte messages in shared memory.
 
@@ -124,10 +112,7 @@ cdef class Ring:
 
     ``close()`` is seen by both sides: puts raise RingClosedError, blocked
     calls return at once, and gets deliver what is left, then raise
-    RingClosedError. ``wake()`` makes every blocking call on this ring that is
-    in progress, in any process, return: with its message or space if there
-    is one by then, else by raising InterruptedError. Calls that start after
-    wake() are unaffected.
+    RingClosedError.
     """
 
     def __cinit__(self, capacity, Doorbell doorbell=None, *, spin=None, Segment _segment=None):
@@ -142,7 +127,6 @@ cdef class Ring:
         self._doorbell = doorbell
         if doorbell is not None:
             self.r.extra = doorbell.db
-        self._lent = _Lent(_segment)
         if spin is not None:
             self.spin = spin
 
@@ -174,7 +158,6 @@ cdef class Ring:
 
     cdef int _put(self, const char *data, Py_ssize_t size, object timeout, bint block) except -1:
         """1 when the message went in, 0 when full and not blocking."""
-        cdef uint32_t wakes = fl_ring_wakes(&self.r)
         cdef int rc
         if size >= NOGIL_COPY:
             with nogil:
@@ -184,7 +167,7 @@ cdef class Ring:
         if rc == FL_RING_AGAIN:
             if not block:
                 return 0
-            return self._block(data, size, NULL, timeout, wakes) + 1
+            return self._block(data, size, NULL, timeout) + 1
         if rc != 0:
             _raise(rc, &self.r, size, None)
         return 1
@@ -204,42 +187,13 @@ cdef class Ring:
             return None
         return self._take(&m)
 
-    def get_view(self, timeout=None):
-        """The next message as a read-only memoryview of the ring itself, no
-        copy (except for a message that wraps around the end of the buffer,
-        which is copied). The message stays in the ring, taking its room,
-        until the next get, get_view, try_get, try_get_view or release(),
-        which releases the view: using it after that raises ValueError.
-        Objects made from the view (numpy.frombuffer) cannot be revoked:
-        they must not be used after that point, when the producer may
-        overwrite the memory they show."""
-        cdef fl_ring_msg m
-        self._peek(&m, timeout, True)
-        return self._lend(&m)
-
-    def try_get_view(self):
-        """get_view() without waiting: None when the ring is empty."""
-        cdef fl_ring_msg m
-        if self._peek(&m, None, False) == 0:
-            return None
-        return self._lend(&m)
-
-    def release(self):
-        """Give back the room of the message get_view() lent, now."""
-        if self._view is not None:
-            self._drop_view()
-        fl_ring_release(&self.r)
-
     cdef int _peek(self, fl_ring_msg *m, object timeout, bint block) except -1:
         """1 with the next message lent in *m, 0 when empty and not blocking."""
-        cdef uint32_t wakes = fl_ring_wakes(&self.r)
-        if self._view is not None:
-            self._drop_view()
         cdef int rc = fl_ring_try_peek(&self.r, m)
         if rc == FL_RING_AGAIN:
             if not block:
                 return 0
-            return self._block(NULL, 0, m, timeout, wakes) + 1
+            return self._block(NULL, 0, m, timeout) + 1
         if rc != 0:
             _raise(rc, &self.r, -1, None)
         return 1
@@ -261,32 +215,10 @@ cdef class Ring:
         fl_ring_release(&self.r)
         return out
 
-    cdef object _lend(self, fl_ring_msg *m):
-        if m.size[1] != 0:
-            return memoryview(self._take(m))
-        self._lent.buf = m.part[0]
-        self._lent.len = m.len
-        try:
-            self._view = PyMemoryView_FromObject(self._lent)
-        except BaseException:
-            fl_ring_unpeek(&self.r)
-            raise
-        return self._view
-
-    cdef int _drop_view(self) except -1:
-        view = self._view
-        self._view = None
-        try:
-            view.release()
-        except BufferError:
-            # Something made from the view still holds it; see get_view().
-            pass
-        return 0
-
     # -- waiting -----------------------------------------------------------
 
     cdef int _block(self, const char *data, Py_ssize_t size, fl_ring_msg *m,
-                    object timeout, uint32_t wakes) except -1:
+                    object timeout) except -1:
         """Blocking put (m is NULL) or peek; 0 when done, else raises."""
         cdef timespec ts
         cdef timespec *deadline = &ts if _deadline(timeout, &ts) else NULL
@@ -294,9 +226,9 @@ cdef class Ring:
         while True:
             with nogil:
                 if m == NULL:
-                    rc = fl_ring_put(&self.r, data, size, deadline, wakes)
+                    rc = fl_ring_put(&self.r, data, size, deadline)
                 else:
-                    rc = fl_ring_peek(&self.r, m, deadline, wakes)
+                    rc = fl_ring_peek(&self.r, m, deadline)
             if rc != FL_RING_INTR:
                 break
             # A signal: run the Python handlers (KeyboardInterrupt surfaces
@@ -316,10 +248,6 @@ cdef class Ring:
     def closed(self):
         return fl_ring_is_closed(&self.r) != 0
 
-    def wake(self):
-        """Make the blocking calls in progress on this ring return now."""
-        fl_ring_wake(&self.r)
-
     @property
     def capacity(self):
         return self.r.capacity
@@ -336,7 +264,7 @@ cdef class Ring:
 
     @property
     def count(self):
-        """Messages in the ring now, one lent by get_view() included. (Not
+        """Messages in the ring now. (Not
         __len__, so that an empty ring is still true, as queues are.)"""
         return fl_ring_count(&self.r)
 
@@ -392,8 +320,6 @@ cdef int _raise(int rc, fl_ring *r, Py_ssize_t size, object timeout) except -1:
         raise RingClosedError("ring is closed" if what == "put" else "ring is closed and drained")
     if rc == FL_RING_TIMEOUT:
         raise TimeoutError("ring {} timed out after {} s".format(what, timeout))
-    if rc == FL_RING_WOKEN:
-        raise InterruptedError("ring {} woken by Ring.wake() with nothing to {}".format(what, what))
     if rc == FL_RING_CORRUPT:
         raise FastloadError("ring is corrupt: a message length contradicts the ring's positions")
     raise_errno("ring {} failed while waiting".format(what))

@@ -11,7 +11,7 @@ import pytest
 
 tomllib = pytest.importorskip("tomllib", reason="reads pyproject.toml with Python 3.11's tomllib")
 
-from _readme import MULTINODE, code_blocks, sections
+from _readme import MULTINODE, code_blocks, sections  # noqa: E402  (after the skip)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RUN_HERE = "".join(text for title, text in sections().items() if title != MULTINODE)

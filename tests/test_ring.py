@@ -24,6 +24,8 @@ from fastload_c.errors import FastloadError, RingClosedError
 from fastload_c.ring import Doorbell, Ring
 from fastload_c.shm import Segment
 
+from _dev_shm import dev_shm_names
+
 HEADER = struct.Struct("<QI")  # sequence number, crc32 of the payload
 
 
@@ -81,9 +83,9 @@ def test_put_accepts_any_buffer_and_get_returns_bytes():
 @pytest.mark.timeout(60)
 @settings(max_examples=60, deadline=None)
 @given(capacity=st.sampled_from([64, 128, 512]),
-       ops=st.lists(st.one_of(st.integers(0, 504), st.just(-1), st.just(-2)), max_size=120))
+       ops=st.lists(st.one_of(st.integers(0, 504), st.just(-1)), max_size=120))
 def test_behaves_like_a_fifo_at_every_wrap_offset(capacity, ops):
-    """Sizes >= 0 try_put a message that size, -1 try_gets, -2 get_views;
+    """Sizes >= 0 try_put a message that size, -1 try_gets;
     checked against a deque and the record accounting of fl_ring.h."""
     ring, model, used, serial = Ring(capacity), collections.deque(), 0, 0
     record = lambda n: 8 + (n + 7) // 8 * 8  # noqa: E731
@@ -102,14 +104,12 @@ def test_behaves_like_a_fifo_at_every_wrap_offset(capacity, ops):
                 model.append(msg)
                 used += record(op)
         else:
-            got = ring.try_get() if op == -1 else ring.try_get_view()
+            got = ring.try_get()
             if not model:
                 assert got is None
                 continue
             expected = model.popleft()
-            assert bytes(got) == expected
-            if op == -2:
-                ring.release()
+            assert got == expected
             used -= record(len(expected))
         assert ring.count == len(model)
 
@@ -123,47 +123,6 @@ def test_largest_message_fits_whatever_the_offset():
         ring.get()
         ring.put(big)  # a record of 64 bytes: starts and ends at that offset
         assert ring.get() == big
-
-
-@pytest.mark.timeout(10)
-def test_get_view_is_zero_copy_and_released_by_the_next_get():
-    ring = Ring(1 << 12)
-    ring.put(b"first")
-    ring.put(b"second")
-    view = ring.get_view()
-    assert view.readonly and bytes(view) == b"first"
-    base = np.frombuffer(ring.segment, dtype=np.uint8)
-    position = bytes(base).index(b"first")
-    base[position] = ord("F")  # the view shows the ring's own memory
-    assert bytes(view) == b"First"
-    space_lent = ring.space
-    assert ring.count == 2  # still holds its room until the next get
-    assert ring.get() == b"second"
-    assert ring.space > space_lent
-    with pytest.raises(ValueError, match="released"):
-        bytes(view)
-    ring.put(b"third")
-    view = ring.get_view()
-    ring.release()
-    assert ring.count == 0
-    with pytest.raises(ValueError, match="released"):
-        view.tobytes()
-    ring.put(b"kept")
-    view = ring.get_view()
-    del ring, base
-    gc.collect()
-    assert bytes(view) == b"kept"  # the view keeps the segment mapped
-
-
-@pytest.mark.timeout(10)
-def test_get_view_of_a_wrapped_message_is_a_copy():
-    ring = Ring(64)
-    ring.put(b"a" * 24)  # record of 32 bytes
-    ring.get()
-    ring.put(bytes(range(40)))  # payload runs from 40 to 80: wraps
-    view = ring.get_view()
-    assert bytes(view) == bytes(range(40))
-    assert ring.count == 0  # copied out and released at once
 
 
 @pytest.mark.timeout(10)
@@ -198,8 +157,8 @@ def test_close_drains_then_raises():
     with pytest.raises(RingClosedError):
         ring.try_put(b"three")
     assert ring.get() == b"one"
-    assert bytes(ring.get_view()) == b"two"
-    for call in (ring.get, ring.try_get, ring.get_view, ring.try_get_view):
+    assert ring.get() == b"two"
+    for call in (ring.get, ring.try_get):
         with pytest.raises(RingClosedError, match="drained"):
             call()
     assert isinstance(RingClosedError(), EOFError)
@@ -219,31 +178,36 @@ def test_bad_timeouts_are_rejected():
 
 
 def _overshoots(call, timeout, repeats=5):
+    """How late each of `repeats` calls that time out returns, in seconds."""
     out = []
     for _ in range(repeats):
         start = time.monotonic()
-        with pytest.raises(TimeoutError, match="timed out"):
-            call(timeout)
+        call(timeout)
         out.append(time.monotonic() - start - timeout)
     return out
 
 
+def _times_out(call):
+    def timing_out(timeout):
+        with pytest.raises(TimeoutError, match="timed out"):
+            call(timeout)
+    return timing_out
+
+
+@pytest.mark.timing
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("timeout", [0.0, 0.02, 0.1])
 def test_timeouts_are_honoured_within_milliseconds(timeout):
     ring = Ring(64)
     ring.put(b"x" * 56)
-    full_put = _overshoots(lambda t: ring.put(b"y", timeout=t), timeout)
+    full_put = _overshoots(_times_out(lambda t: ring.put(b"y", timeout=t)), timeout)
     ring.get()
-    empty_get = _overshoots(lambda t: ring.get(timeout=t), timeout)
+    empty_get = _overshoots(_times_out(lambda t: ring.get(timeout=t)), timeout)
     bell = Doorbell()
-    start = time.monotonic()
-    assert bell.wait(bell.seq, timeout=timeout) is False
-    bell_over = time.monotonic() - start - timeout
-    for over in (full_put, empty_get):
-        assert min(over) >= 0  # never early
+    bell_wait = _overshoots(lambda t: bell.wait(bell.seq, timeout=t) and pytest.fail("rang"), timeout)
+    for over in (full_put, empty_get, bell_wait):
+        assert min(over) >= 0  # never early: the deadline is on the monotonic clock
         assert statistics.median(over) < 0.005
-    assert 0 <= bell_over < 0.05
 
 
 @pytest.mark.timeout(10)
@@ -278,22 +242,6 @@ def test_threads_stream_with_the_gil_released():
     assert received == [i.to_bytes(4, "little") * (i % 8) for i in range(n)]
 
 
-@pytest.mark.timeout(10)
-def test_wake_interrupts_a_blocked_thread_only_once():
-    ring = Ring(1024)
-    outcome = []
-    thread = threading.Thread(target=lambda: outcome.append(_outcome(lambda: ring.get(timeout=5))))
-    thread.start()
-    time.sleep(0.1)  # this thread runs: the blocked get released the GIL
-    woken_at = time.monotonic()
-    ring.wake()
-    thread.join(5)
-    assert outcome[0][0] == "InterruptedError"
-    assert outcome[0][1] - woken_at < 0.1
-    with pytest.raises(TimeoutError):  # a wake affects only calls in progress
-        ring.get(timeout=0.01)
-
-
 # -- processes -----------------------------------------------------------------
 
 def _plan(seed, n, max_message):
@@ -325,12 +273,11 @@ def _produce(conn, ring, seed, n):
 
 
 def _consume_and_verify(ring, seed, n):
-    """Every message in order, intact, none missing or extra; a third of them
-    read through get_view."""
+    """Every message in order, intact, none missing or extra."""
     sizes, _, _ = _plan(seed, n, ring.max_message)
-    get, get_view, unpack, crc32 = ring.get, ring.get_view, HEADER.unpack_from, zlib.crc32
+    get, unpack, crc32 = ring.get, HEADER.unpack_from, zlib.crc32
     for i in range(n):
-        msg = get_view(timeout=30) if i % 3 == 0 else get(timeout=30)
+        msg = get(timeout=30)
         size = sizes[i]
         if size < 0:
             ok = len(msg) == 0
@@ -398,40 +345,36 @@ def _block_then_report(conn, ring, side):
                        else ring.get(timeout=10)))
 
 
-def _assert_prompt(spawn_child, side, action, expected):
-    ring = Ring(1024)
-    proc, conn = spawn_child("fork", _block_then_report, ring, side)
-    assert conn.recv() == "ready"
-    time.sleep(0.2)  # past the spin: asleep on the futex
-    acted_at = time.monotonic()
-    action(ring)
-    name, returned_at = conn.recv()
-    assert name == expected
-    assert returned_at - acted_at < 0.1
+def _assert_prompt(spawn_child, side, act, expected, attempts=3):
+    """A child blocked on a ring returns with `expected` soon after act(ring,
+    child): within 0.1 s in the best of up to `attempts` tries (the call
+    would otherwise wait out its 10 s timeout)."""
+    lags = []
+    while len(lags) < attempts and (not lags or min(lags) >= 0.1):
+        ring = Ring(1024)
+        proc, conn = spawn_child("fork", _block_then_report, ring, side)
+        assert conn.recv() == "ready"
+        time.sleep(0.2)  # past the spin: asleep on the futex
+        acted_at = time.monotonic()
+        act(ring, proc)
+        name, returned_at = conn.recv()
+        assert name == expected
+        lags.append(returned_at - acted_at)
+    assert min(lags) < 0.1, lags
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timing
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("side", ["get", "put"])
 def test_close_wakes_a_blocked_peer(spawn_child, side):
-    _assert_prompt(spawn_child, side, Ring.close, "RingClosedError")
+    _assert_prompt(spawn_child, side, lambda ring, _: ring.close(), "RingClosedError")
 
 
-@pytest.mark.timeout(30)
-@pytest.mark.parametrize("side", ["get", "put"])
-def test_wake_interrupts_a_blocked_peer(spawn_child, side):
-    _assert_prompt(spawn_child, side, Ring.wake, "InterruptedError")
-
-
-@pytest.mark.timeout(30)
+@pytest.mark.timing
+@pytest.mark.timeout(60)
 def test_sigint_reaches_a_blocked_get(spawn_child):
-    ring = Ring(1024)
-    proc, conn = spawn_child("fork", _block_then_report, ring, "get")
-    assert conn.recv() == "ready"
-    time.sleep(0.2)
-    sent_at = time.monotonic()
-    os.kill(proc.pid, signal.SIGINT)
-    name, returned_at = conn.recv()
-    assert name == "KeyboardInterrupt" and returned_at - sent_at < 0.1
+    _assert_prompt(spawn_child, "get", lambda _, proc: os.kill(proc.pid, signal.SIGINT),
+                   "KeyboardInterrupt")
 
 
 def _cpu_while_blocked(conn, ring, side):
@@ -476,7 +419,7 @@ def test_producer_killed_while_consumer_waits(spawn_child):
     start = time.monotonic()
     with pytest.raises(TimeoutError):
         ring.get(timeout=0.5)
-    assert 0.5 <= time.monotonic() - start < 0.6
+    assert time.monotonic() - start >= 0.5  # waited out its timeout, not woken by the death
     proc.join(5)
     assert proc.exitcode == -signal.SIGKILL
 
@@ -490,7 +433,7 @@ def test_consumer_killed_asleep_leaves_a_working_ring(spawn_child):
     proc.kill()
     proc.join(5)
     # The dead sleeper stays counted (each put then makes a useless
-    # FUTEX_WAKE: NOTE [doorbell protocol]), but the ring keeps working.
+    # FUTEX_WAKE: NOTE [ Doorbell protocol ]), but the ring keeps working.
     put, get = ring.put, ring.get
     for round_ in range(3):
         for i in range(20_000):
@@ -501,7 +444,7 @@ def test_consumer_killed_asleep_leaves_a_working_ring(spawn_child):
     start = time.monotonic()
     with pytest.raises(TimeoutError):
         ring.put(b"after", timeout=0.2)
-    assert 0.2 <= time.monotonic() - start < 0.3
+    assert time.monotonic() - start >= 0.2
     assert ring.get() == b"after"
 
 
@@ -559,12 +502,12 @@ def test_one_doorbell_gathers_many_rings(spawn_child, method):
 
 @pytest.mark.timeout(10)
 def test_no_file_in_dev_shm():
-    before = set(os.listdir("/dev/shm"))
+    before = dev_shm_names()
     bell = Doorbell()
     rings = [Ring(4096, bell) for _ in range(4)]
     for ring in rings:
         ring.put(b"x")
-    assert set(os.listdir("/dev/shm")) == before
+    assert dev_shm_names() == before
     fds = {ring.segment.fd for ring in rings}
     assert all(os.readlink("/proc/self/fd/%d" % fd).startswith("/memfd:") for fd in fds)
 
@@ -576,9 +519,9 @@ def test_no_descriptor_leak_over_many_cycles():
     for _ in range(1000):
         ring = Ring(4096, Doorbell())
         ring.put(b"payload")
-        view = ring.get_view()
+        ring.get()
         ring.close()
-        del ring, view
+        del ring
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) == before
 

@@ -10,6 +10,8 @@ import pytest
 from fastload_c.errors import ShmError
 from fastload_c.shm import Segment, recv_segments, send_segments
 
+from _dev_shm import dev_shm_names
+
 
 def test_segment_is_writable_shared_memory():
     seg = Segment(1 << 16)
@@ -30,6 +32,23 @@ def test_oversized_segment_raises_naming_the_size():
         Segment(huge)
 
 
+def test_segment_size_is_sealed_and_descriptor_close_on_exec():
+    seg = Segment(1 << 16)
+    assert not os.get_inheritable(seg.fd)
+    for size in (0, 4096, 1 << 17):  # shrinking would make touching the end SIGBUS
+        with pytest.raises(PermissionError):
+            os.ftruncate(seg.fd, size)
+    assert os.fstat(seg.fd).st_size == 1 << 16
+    np.frombuffer(seg, dtype=np.uint8)[-1] = 1
+
+
+def test_attach_makes_a_received_descriptor_close_on_exec():
+    seg = Segment(4096)
+    fd = os.dup(seg.fd)
+    os.set_inheritable(fd, True)  # as received over a socket without MSG_CMSG_CLOEXEC
+    assert not os.get_inheritable(Segment.attach(fd, 4096).fd)
+
+
 def test_close_refused_while_viewed_and_releases_fd():
     seg = Segment(4096)
     fd = seg.fd
@@ -44,9 +63,9 @@ def test_close_refused_while_viewed_and_releases_fd():
 
 
 def test_no_file_in_dev_shm():
-    before = set(os.listdir("/dev/shm"))
+    before = dev_shm_names()
     segs = [Segment(4096) for _ in range(8)]
-    assert set(os.listdir("/dev/shm")) == before
+    assert dev_shm_names() == before
     assert all(os.readlink("/proc/self/fd/%d" % s.fd).startswith("/memfd:fastload") for s in segs)
 
 

@@ -4,7 +4,7 @@
  * on SIGCHLD) can ring the doorbell the main process sleeps on. The ring's
  * "data available" and "space available" events are doorbells too.
  *
- * NOTE [doorbell protocol]
+ * NOTE [ Doorbell protocol ]
  * `seq` counts rings; `sleepers` counts waiters inside fl_doorbell_wait().
  * A waiter reads `seen = fl_doorbell_seq()` BEFORE checking its condition
  * (data in a ring, a dead child, ...), and sleeps with

@@ -1,17 +1,17 @@
 /* Worker lifecycle mechanism: a SIGCHLD handler that wakes waiters, and the
  * parent-death signal for workers.
  *
- * NOTE [worker-death detection]
+ * NOTE [ Worker-death detection ]
  * The main process sleeps on a doorbell (fl_doorbell.h) while it waits for
  * results. When a worker dies it writes nothing, so that sleep would last
  * until the deadline. The SIGCHLD handler installed here rings every
  * registered doorbell, so the waiter wakes at once, sees that no result
- * arrived, and asks the kernel which of its own workers exited
- * (waitid with WNOWAIT, which leaves the child for its owner to reap). The
- * handler reaps nothing and knows no pids: it cannot take a child from its
- * rightful owner (multiprocessing, subprocess, the user), and it does the
- * least possible work in signal context. It chains to the handler that was
- * installed before it, so a user's SIGCHLD handler keeps working.
+ * arrived, and polls its own workers (multiprocessing's Process.exitcode, a
+ * waitpid(WNOHANG) of that one pid). The handler reaps nothing and knows no
+ * pids: it cannot take a child from its rightful owner (multiprocessing,
+ * subprocess, the user), and it does the least possible work in signal
+ * context. It chains to the handler that was installed before it, so a
+ * user's SIGCHLD handler keeps working.
  */
 #ifndef FL_PROC_H
 #define FL_PROC_H
@@ -45,7 +45,8 @@ int fl_proc_die_with_parent(int sig, int expected_parent);
 
 /* Have malloc keep up to `keep_bytes` of freed memory instead of returning
  * it to the kernel, and serve blocks up to `block_bytes` from the heap
- * (glibc's mallopt; elsewhere it does nothing and returns 0). 0, or -1 with
+ * (glibc's mallopt; elsewhere, sanitizer builds included, it does nothing
+ * and returns 0). 0, or -1 with
  * errno EINVAL when glibc refuses a value. */
 int fl_proc_keep_freed_heap(size_t keep_bytes, size_t block_bytes);
 

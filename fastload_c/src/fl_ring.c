@@ -154,9 +154,9 @@ static inline int attempt(fl_ring *r, const void *src, uint64_t len, fl_ring_msg
     return m == NULL ? fl_ring_try_put(r, src, len) : fl_ring_try_peek(r, m);
 }
 
-/* Blocking put or peek: spin, then sleep on `db` (see NOTE [ring waiting]). */
+/* Blocking put or peek: spin, then sleep on `db` (see NOTE [ Ring waiting ]). */
 static int block(fl_ring *r, const void *src, uint64_t len, fl_ring_msg *m,
-                 const struct timespec *deadline, uint32_t wakes_seen)
+                 const struct timespec *deadline)
 {
     fl_doorbell *db = m == NULL ? &r->sh->space : &r->sh->data;
     int rc;
@@ -170,8 +170,6 @@ static int block(fl_ring *r, const void *src, uint64_t len, fl_ring_msg *m,
             rc = attempt(r, src, len, m);
             if (rc != FL_RING_AGAIN)
                 return rc;
-            if (fl_ring_wakes(r) != wakes_seen)
-                break;
             /* The clock costs ~20 ns (vDSO): read it every few pauses. */
             if ((i & 7) == 0 && fl_monotonic_ns() >= spin_end)
                 break;
@@ -183,8 +181,6 @@ static int block(fl_ring *r, const void *src, uint64_t len, fl_ring_msg *m,
         rc = attempt(r, src, len, m);
         if (rc != FL_RING_AGAIN)
             return rc;
-        if (fl_ring_wakes(r) != wakes_seen)
-            return FL_RING_WOKEN;
         if (fl_deadline_passed(deadline))
             return FL_RING_TIMEOUT;
         if (fl_doorbell_wait(db, seen, deadline) != 0) {
@@ -196,15 +192,14 @@ static int block(fl_ring *r, const void *src, uint64_t len, fl_ring_msg *m,
     }
 }
 
-int fl_ring_put(fl_ring *r, const void *src, uint64_t len,
-                const struct timespec *deadline, uint32_t wakes_seen)
+int fl_ring_put(fl_ring *r, const void *src, uint64_t len, const struct timespec *deadline)
 {
-    return block(r, src, len, NULL, deadline, wakes_seen);
+    return block(r, src, len, NULL, deadline);
 }
 
-int fl_ring_peek(fl_ring *r, fl_ring_msg *m, const struct timespec *deadline, uint32_t wakes_seen)
+int fl_ring_peek(fl_ring *r, fl_ring_msg *m, const struct timespec *deadline)
 {
-    return block(r, NULL, 0, m, deadline, wakes_seen);
+    return block(r, NULL, 0, m, deadline);
 }
 
 void fl_ring_close(fl_ring *r)
@@ -219,13 +214,6 @@ void fl_ring_close(fl_ring *r)
 int fl_ring_is_closed(const fl_ring *r)
 {
     return (int)LOAD_ACQUIRE(&r->sh->closed);
-}
-
-void fl_ring_wake(fl_ring *r)
-{
-    __atomic_fetch_add(&r->sh->wakes, 1, __ATOMIC_SEQ_CST);
-    fl_doorbell_ring(&r->sh->data);
-    fl_doorbell_ring(&r->sh->space);
 }
 
 uint64_t fl_ring_count(const fl_ring *r)

@@ -6,7 +6,7 @@
  * (fastload_c.ring puts it in a memfd Segment) and supplies a process-local
  * handle, fl_ring, per process that uses the ring.
  *
- * NOTE [ring record layout]
+ * NOTE [ Ring record layout ]
  * The segment is a header (fl_ring_shared) followed by `capacity` data bytes,
  * capacity a power of two. Each message is a record: an 8-byte length, then
  * the payload, then padding to a multiple of 8. Records are contiguous in
@@ -20,7 +20,7 @@
  * caller wanting one contiguous block copies only when the second is
  * non-empty.
  *
- * NOTE [ring memory ordering]
+ * NOTE [ Ring memory ordering ]
  * head is written only by the producer, tail only by the consumer; each sits
  * on its own cache line with the counters and doorbell its writer touches, so
  * the two sides never write the same line on the hot path.
@@ -34,14 +34,14 @@
  *   value is only an underestimate, so the cached value answers most calls
  *   and the peer's line is read only when the cache says full or empty.
  * - After publishing, each side rings its doorbell (data after head moves,
- *   space after tail moves); waiting follows NOTE [doorbell protocol] in
+ *   space after tail moves); waiting follows NOTE [ Doorbell protocol ] in
  *   fl_doorbell.h, so a side that nobody waits for makes no system call.
- * - close() sets `closed`, and wake() increments `wakes`, then ring both
- *   doorbells, so a waiter on either side re-checks and sees them.
+ * - close() sets `closed`, then rings both doorbells, so a waiter on either
+ *   side re-checks and sees it.
  * - A reader finding the ring empty and closed re-reads head after reading
  *   `closed` (acquire): messages put before close() are delivered first.
  *
- * NOTE [ring waiting]
+ * NOTE [ Ring waiting ]
  * A blocking call first retries for spin_ns (a pause instruction between
  * tries), then sleeps on the doorbell futex with the caller's absolute
  * deadline, so a blocked process uses no CPU and a dead peer only costs the
@@ -50,10 +50,8 @@
  * costs (~17 us per hop measured on a KVM guest), so a spin that fails wastes
  * at most what sleeping at once would have cost; bench/bench_ring.py's
  * "ring spin0" column shows what not spinning costs. The call returns
- * FL_RING_WOKEN when `wakes` moved past the value the caller read when it
- * started and there is still nothing to do; FL_RING_INTR when a signal
- * interrupted the sleep (the caller runs its handlers and calls again with
- * the same deadline and wakes value).
+ * FL_RING_INTR when a signal interrupted the sleep (the caller runs its
+ * handlers and calls again with the same deadline).
  *
  * Single producer and single consumer: at most one process (and thread) puts
  * at a time, and at most one gets. Roles may move between processes (each
@@ -82,7 +80,6 @@ enum {
     FL_RING_AGAIN = -2,   /* full (put) or empty (peek); only from try_ */
     FL_RING_CLOSED = -3,  /* closed: put refused, or peek on a drained ring */
     FL_RING_TIMEOUT = -4, /* the deadline passed */
-    FL_RING_WOKEN = -5,   /* fl_ring_wake() was called; nothing to do */
     FL_RING_INTR = -6,    /* a signal arrived; call again */
     FL_RING_TOOBIG = -7,  /* the message can never fit */
     FL_RING_CORRUPT = -8, /* a record's length contradicts the positions */
@@ -93,7 +90,6 @@ typedef struct {
     _Alignas(FL_RING_LINE) uint64_t magic;
     uint64_t capacity;
     uint32_t closed;
-    uint32_t wakes;
     _Alignas(FL_RING_LINE) uint64_t head; /* producer's line */
     uint64_t puts;
     fl_doorbell data;
@@ -112,7 +108,7 @@ typedef struct {
     uint64_t tail_seen;  /* producer: a lower bound of tail */
     uint64_t lent;       /* consumer: size of the peeked, unreleased record */
     fl_doorbell *extra;  /* rung after each publish too; may be NULL */
-    int64_t spin_ns;     /* see NOTE [ring waiting] */
+    int64_t spin_ns;     /* see NOTE [ Ring waiting ] */
 } fl_ring;
 
 /* A peeked message: part[0] (size[0] bytes) then part[1] (size[1] bytes,
@@ -145,18 +141,16 @@ static inline uint64_t fl_ring_max_message(const fl_ring *r)
     return r->capacity - FL_RING_RECORD_HEADER;
 }
 
-/* Producer. try_put: 0, AGAIN, CLOSED or TOOBIG. put: blocks (NOTE [ring
- * waiting]) and returns 0, CLOSED, TOOBIG, TIMEOUT, WOKEN, INTR or ERRNO. */
+/* Producer. try_put: 0, AGAIN, CLOSED or TOOBIG. put: blocks (NOTE [ Ring
+ * waiting ]) and returns 0, CLOSED, TOOBIG, TIMEOUT, INTR or ERRNO. */
 int fl_ring_try_put(fl_ring *r, const void *src, uint64_t len);
-int fl_ring_put(fl_ring *r, const void *src, uint64_t len,
-                const struct timespec *deadline, uint32_t wakes_seen);
+int fl_ring_put(fl_ring *r, const void *src, uint64_t len, const struct timespec *deadline);
 
 /* Consumer. Peeking first releases a message still lent, then lends the next
  * one: it stays in the ring until fl_ring_release() (or the next peek).
  * try_peek: 0, AGAIN, CLOSED or CORRUPT. peek: blocks like put. */
 int fl_ring_try_peek(fl_ring *r, fl_ring_msg *m);
-int fl_ring_peek(fl_ring *r, fl_ring_msg *m,
-                 const struct timespec *deadline, uint32_t wakes_seen);
+int fl_ring_peek(fl_ring *r, fl_ring_msg *m, const struct timespec *deadline);
 void fl_ring_release(fl_ring *r);
 /* Forget the lent message without consuming it: the next peek returns it
  * again. For a caller that failed to take it (out of memory). */
@@ -171,11 +165,6 @@ static inline void fl_ring_copy(const fl_ring_msg *m, void *dst)
 /* Either side, any process. */
 void fl_ring_close(fl_ring *r);
 int fl_ring_is_closed(const fl_ring *r);
-void fl_ring_wake(fl_ring *r);
-static inline uint32_t fl_ring_wakes(const fl_ring *r)
-{
-    return __atomic_load_n(&r->sh->wakes, __ATOMIC_SEQ_CST);
-}
 /* Snapshots: messages in the ring (a lent one included), and the largest
  * message a put could take now without waiting. */
 uint64_t fl_ring_count(const fl_ring *r);

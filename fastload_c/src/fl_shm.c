@@ -53,21 +53,85 @@ static unsigned long long cgroup_room(const char *limit_path, const char *usage_
     return limit > usage ? limit - usage : 0;
 }
 
+/* The least room under the limits of cgroup `path` in the hierarchy mounted
+ * at `mount` and of each of its ancestors: a parent's limit binds its
+ * children too, and a process may sit in a nested group (a systemd slice, a
+ * container without its own cgroup namespace) whose own file says "max". */
+static unsigned long long hierarchy_room(const char *mount, const char *path,
+                                         const char *limit_name, const char *usage_name)
+{
+    char dir[4096], limit[4200], usage[4200];
+    unsigned long long room = ~0ULL;
+    size_t root = strlen(mount);
+    int n = snprintf(dir, sizeof dir, "%s%s", mount, path);
+    if (n < 0 || (size_t)n >= sizeof dir)
+        return room;
+    for (;;) {
+        size_t len = strlen(dir);
+        while (len > root && dir[len - 1] == '/')
+            dir[--len] = '\0';
+        snprintf(limit, sizeof limit, "%s/%s", dir, limit_name);
+        snprintf(usage, sizeof usage, "%s/%s", dir, usage_name);
+        unsigned long long here = cgroup_room(limit, usage);
+        if (here < room)
+            room = here;
+        char *slash = strrchr(dir + root, '/');
+        if (len <= root || slash == NULL)
+            return room;
+        *slash = '\0';
+    }
+}
+
+unsigned long long fl_shm_cgroup_room(const char *proc_cgroup, const char *sysfs)
+{
+    /* Lines of /proc/self/cgroup are "id:controllers:path": "0::path" for
+     * the unified (v2) hierarchy, "N:memory:path" (or "N:a,memory:path")
+     * for v1's memory controller. */
+    char line[4096], mount[4096];
+    unsigned long long room = ~0ULL;
+    FILE *f = fopen(proc_cgroup, "re");
+    if (f == NULL)
+        return room;
+    while (fgets(line, sizeof line, f) != NULL) {
+        line[strcspn(line, "\n")] = '\0';
+        char *controllers = strchr(line, ':');
+        char *path = controllers ? strchr(controllers + 1, ':') : NULL;
+        if (path == NULL)
+            continue;
+        *controllers++ = '\0';
+        *path++ = '\0';
+        unsigned long long here = ~0ULL;
+        if (strcmp(line, "0") == 0 && *controllers == '\0') {
+            here = hierarchy_room(sysfs, path, "memory.max", "memory.current");
+        } else {
+            char *save = NULL;
+            for (char *c = strtok_r(controllers, ",", &save); c != NULL;
+                 c = strtok_r(NULL, ",", &save))
+                if (strcmp(c, "memory") == 0) {
+                    snprintf(mount, sizeof mount, "%s/memory", sysfs);
+                    here = hierarchy_room(mount, path, "memory.limit_in_bytes",
+                                          "memory.usage_in_bytes");
+                    break;
+                }
+        }
+        if (here < room)
+            room = here;
+    }
+    fclose(f);
+    return room;
+}
+
 size_t fl_shm_available(void)
 {
     /* Shared memory is charged like anonymous memory: a segment larger than
      * what the kernel can still give would make fallocate run the machine
      * into the OOM killer instead of failing, so refuse it up front. */
     unsigned long long room = read_number("/proc/meminfo", "MemAvailable:", 1024);
-    unsigned long long v2 = cgroup_room("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current");
-    unsigned long long v1 = cgroup_room("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                        "/sys/fs/cgroup/memory/memory.usage_in_bytes");
+    unsigned long long cgroup = fl_shm_cgroup_room("/proc/self/cgroup", "/sys/fs/cgroup");
     if (room == 0)
         room = ~0ULL;
-    if (v2 < room)
-        room = v2;
-    if (v1 < room)
-        room = v1;
+    if (cgroup < room)
+        room = cgroup;
     return room > (unsigned long long)SIZE_MAX ? SIZE_MAX : (size_t)room;
 }
 
@@ -81,7 +145,7 @@ int fl_shm_create(const char *label, size_t size, int *fd_out, void **addr_out)
         errno = ENOMEM;
         return -1;
     }
-    int fd = memfd_create(label, MFD_CLOEXEC);
+    int fd = memfd_create(label, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)
         return -1;
     /* posix_fallocate returns the error instead of setting errno. */
@@ -94,7 +158,11 @@ int fl_shm_create(const char *label, size_t size, int *fd_out, void **addr_out)
         errno = rc;
         return -1;
     }
-    if (map_shared(fd, size, addr_out) != 0) {
+    /* Sized for good: any process holding the descriptor could otherwise
+     * ftruncate it and turn every mapping's next touch past the end into
+     * SIGBUS. Contents stay writable. */
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0
+        || map_shared(fd, size, addr_out) != 0) {
         int saved = errno;
         close(fd);
         errno = saved;
@@ -111,6 +179,11 @@ int fl_shm_attach(int fd, size_t size, void **addr_out)
         errno = EINVAL;
         return -1;
     }
+    /* A descriptor received over a socket without MSG_CMSG_CLOEXEC is
+     * inheritable: a program the process execs must not get it. */
+    int flags = fcntl(fd, F_GETFD);
+    if (flags < 0 || fcntl(fd, F_SETFD, flags | FD_CLOEXEC) != 0)
+        return -1;
     if (fstat(fd, &st) != 0)
         return -1;
     if ((size_t)st.st_size < size) {
