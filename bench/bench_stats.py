@@ -32,8 +32,8 @@ import numpy as np
 
 import fastload as fl
 from fastload._bench import runner
-from fastload._stats import WorkerStats
 from fastload._protocol import DONE
+from fastload._stats import WorkerStats
 
 CALLS = 100_000
 BATCH_SIZES = (256, 16)

@@ -24,12 +24,12 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
+from fastload import _protocol
 from fastload._iterator import BaseIter, WorkerProgress
 from fastload._lookahead import next_epoch_head
+from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, LARGE, NEED, RESLOT
 from fastload._state import sampler_state
 from fastload._stats import LoaderStats, WorkerStats
-from fastload import _protocol
-from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, LARGE, NEED, RESLOT
 from fastload._worker_group import WorkerGroup, WorkerGroupDied, describe_exit
 from fastload._worker_process import WorkerError
 from fastload.errors import ShmError, WorkerDiedError

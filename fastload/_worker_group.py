@@ -46,8 +46,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from fastload import _memory
-from fastload import _protocol
+from fastload import _memory, _protocol
 from fastload._protocol import RESET, RETIRE, SEGMENT
 from fastload._worker_process import worker_main
 from fastload_c import proc

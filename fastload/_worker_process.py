@@ -23,7 +23,16 @@ from fastload import _protocol
 from fastload._fast_path import BatchWriter
 from fastload._fetch import DatasetKind, create_fetcher
 from fastload._protocol import (
-    DONE, ENDED, FAILED, INIT_TASK, NEED, RESET, RESLOT, RETIRE, SEGMENT, TASK,
+    DONE,
+    ENDED,
+    FAILED,
+    INIT_TASK,
+    NEED,
+    RESET,
+    RESLOT,
+    RETIRE,
+    SEGMENT,
+    TASK,
     TASK_INDEX_IN_SLOT,
 )
 from fastload._sample_rng import context as sample_context
@@ -254,7 +263,7 @@ class _Worker:
             return pickle.loads(part)
 
     def receive_segment(self, segment_id: int, nbytes: int) -> None:
-        _, fds, _, _ = socket.recv_fds(self.socket, 16, 1)
+        _, fds, _, _ = socket.recv_fds(self.socket, 16, 1, socket.MSG_CMSG_CLOEXEC)
         if len(fds) != 1:
             raise RuntimeError(f"expected the descriptor of segment {segment_id}, got {fds}")
         self.segments[segment_id] = Segment.attach(fds[0], nbytes)

@@ -41,6 +41,8 @@ _OUTPUTS = ("numpy", "torch")
 # Settings that decide which indices are fetched; changing them under a live
 # iterator would silently break it, so they are fixed after construction.
 _FROZEN = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+
+
 class _InfiniteConstantSampler(Sampler[None]):
     """The sampler of an iterable dataset: the dataset decides what comes
     next, so the sampler only says "one more", forever."""

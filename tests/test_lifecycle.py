@@ -16,6 +16,7 @@ import pytest
 
 import fastload as fl
 from fastload.errors import CollateError, ShmError, WorkerDiedError
+
 from test_faults import Sleepy, worker_children
 
 

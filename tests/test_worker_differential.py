@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fastload as fl
+
 from _compositions import COLLATE_FNS, build, epoch_outcome, torch
 
 LEAF_KINDS = ["f32", "u8img", "i64", "int", "float", "bool", "mixnum", "str", "longstr",
