@@ -16,6 +16,7 @@ fastload_c/src/fl_proc.h): a result wakes it, and so does a worker's death.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import pickle
@@ -211,9 +212,7 @@ class MultiProcessingIter(BaseIter):
         snapshot = None
         if self._map_style and self._dispatched % self._snapshot_every == 0:
             snapshot = sampler_state(self._index_sampler)
-        worker_id = next(self._next_worker)
-        while not self._active[worker_id]:
-            worker_id = next(self._next_worker)
+        worker_id = self._next_worker_for_task()
         task_id = self._adopt(index, worker_id)
         position = self._dispatched - 1
         if task_id is None:
@@ -224,6 +223,24 @@ class MultiProcessingIter(BaseIter):
             task.sampler_state = snapshot
             task.position = position
         self._order.append(task_id)
+
+    def _next_worker_for_task(self) -> int:
+        """The next active worker in the round robin. With in_order=False
+        (map-style), a worker that already has its share of the tasks in
+        flight is passed over, as torch does: batches then go to idle
+        workers instead of queueing behind a stalled one."""
+        worker_id = next(self._next_worker)
+        while not self._active[worker_id]:
+            worker_id = next(self._next_worker)
+        if self._in_order or not self._map_style:
+            return worker_id
+        share = self._prefetch // self._workers.num_workers
+        in_flight = collections.Counter(task.worker_id for task in self._tasks.values())
+        for _ in range(self._workers.num_workers):
+            if in_flight[worker_id] < share:
+                break
+            worker_id = next(self._next_worker)
+        return worker_id
 
     def _send_task(self, worker_id: int, index: Any, lease: Any, position: int | None,
                    snapshot: Any) -> int:

@@ -302,3 +302,22 @@ def test_workers_die_within_a_second_of_their_parent(context, in_thread):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+class OneSlowSample(fl.Dataset):
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        if i == 0:
+            time.sleep(2.0)
+        return i
+
+
+def test_in_order_false_routes_work_away_from_a_stalled_worker():
+    loader = fl.DataLoader(OneSlowSample(), batch_size=1, num_workers=2, in_order=False)
+    delivered = [int(batch[0]) for batch in loader]
+    assert sorted(delivered) == list(range(24))
+    # Only the batch queued behind the slow one before it stalled may wait
+    # for it (as in torch); everything else goes to the idle worker.
+    assert len(delivered) - 1 - delivered.index(0) <= 1, delivered
