@@ -147,6 +147,7 @@ class BaseIter:
             # seed draw, so a shared torch.Generator advances exactly as in torch.
             self._sampler_iter = iter(self._index_sampler)
             if base_seed is None:
+                loader._rng = _seed.own_generator(loader._rng)
                 base_seed = _seed.draw_seed(loader._rng)
             self._progress = Progress(loader._epoch, base_seed)
             self._progress.sampler = sampler_state(self._index_sampler)

@@ -12,9 +12,12 @@ Everywhere torch takes a ``generator``, fastload takes one of:
 * an int seed, turned once into ``numpy.random.default_rng(seed)``, or a
   ``numpy.random.Generator``: numpy algorithms, so the order does not depend
   on whether torch is installed;
-* None: a fresh seed is drawn from numpy's global RNG (``np.random``) each
-  time one is needed, so ``np.random.seed(s)`` makes a run reproducible, as
-  ``torch.manual_seed(s)`` does for torch.
+* None: one seed is drawn from numpy's global RNG (``np.random``) the first
+  time a loader or sampler needs randomness, and seeds a numpy Generator of
+  its own that every later draw comes from (``own_generator``). So
+  ``np.random.seed(s)`` makes a run reproducible, as ``torch.manual_seed(s)``
+  does for torch, and the generator's state goes into checkpoints: a run
+  resumed in a fresh process goes on exactly, later epochs included.
 
 With numpy, a sampler draws one seed from its generator when an epoch starts
 and derives the whole epoch from that seed alone. An epoch is therefore
@@ -67,6 +70,21 @@ def draw_seed(rng: Rng) -> int:
     import torch
 
     return int(torch.empty((), dtype=torch.int64).random_(generator=rng).item())
+
+
+def own_generator(rng: Rng) -> Rng:
+    """``rng``, or for None a numpy Generator seeded with one draw from
+    numpy's global RNG (NOTE [ Determinism contract ])."""
+    return np.random.default_rng(draw_seed(None)) if rng is None else rng
+
+
+def restored_generator(rng: Rng, state: Any) -> Rng:
+    """``rng`` put in a ``generator_state()``; for None, a numpy Generator
+    made in that state (a state saved by a loader without a generator)."""
+    if rng is None and state is not None:
+        rng = np.random.default_rng()
+    set_generator_state(rng, state)
+    return rng
 
 
 def generator_state(rng: Rng) -> Any:

@@ -24,7 +24,7 @@ from fastload._fetch import DatasetKind
 from fastload._iterator import BaseIter, Progress, SingleProcessIter
 from fastload._multiprocess import MultiProcessingIter
 from fastload._seed import GeneratorArg
-from fastload._state import STATE_VERSION, check_compatible, describe_loader
+from fastload._state import STATE_VERSION, check_compatible, describe_loader, sampler_state
 from fastload._stats import LoaderStats
 from fastload._torch import torch_or_none
 from fastload._warnings import warn_at_caller
@@ -293,7 +293,7 @@ class DataLoader(Generic[T_co]):
         resume, self._resume_state = self._resume_state, None
         kept_base_seed = None
         if resume is not None:
-            _seed.set_generator_state(self._rng, resume["generator"])
+            self._rng = _seed.restored_generator(self._rng, resume["generator"])
             self._epoch = resume["epoch"] + 1 if resume["finished"] else resume["epoch"]
             if resume["finished"]:
                 if self.persistent_workers:
@@ -335,11 +335,16 @@ class DataLoader(Generic[T_co]):
         if self._resume_state is not None:
             return copy.deepcopy(self._resume_state)
         progress = self._progress
+        # Seeded now if not yet, so that the resumed run draws what this one
+        # will (NOTE [ Determinism contract ]).
+        self._rng = _seed.own_generator(self._rng)
         # None: no iterator has drawn a base seed yet.
         base_seed = None if progress is None else progress.base_seed
         if progress is None:
             progress = Progress(self._epoch - 1, 0)
             progress.finished = True
+            # The sampler's generator too, seeded now if it was not.
+            progress.sampler = sampler_state(self._index_sampler)
         elif self.num_workers > 0 and not self.in_order:
             raise ValueError(
                 "state_dict() needs in_order=True with worker processes: with "

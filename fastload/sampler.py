@@ -114,6 +114,7 @@ class _EpochSampler(Sampler[int]):
         elif is_torch_generator(self._rng):
             token, skip = self._rng.get_state(), 0  # type: ignore[union-attr]
         else:
+            self._rng = _seed.own_generator(self._rng)
             token, skip = _seed.draw_seed(self._rng), 0
         self._token, self._done, self._chunk_len, self._current = token, 0, 0, iter(())
         done = 0
@@ -158,6 +159,9 @@ class _EpochSampler(Sampler[int]):
         """Generator state, the current epoch's token and its position."""
         in_epoch = self._token is not None
         yielded = self._done + self._chunk_len - self._current.__length_hint__()  # type: ignore[attr-defined]
+        # Seeded now if not yet: a state taken before the first epoch then
+        # fixes that epoch too.
+        self._rng = _seed.own_generator(self._rng)
         return {
             "generator": _seed.generator_state(self._rng),
             "epoch": self._token,
@@ -167,7 +171,7 @@ class _EpochSampler(Sampler[int]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a ``state_dict()``: the next ``iter()`` continues the saved
         epoch where it stopped, and later epochs follow as they would have."""
-        _seed.set_generator_state(self._rng, state["generator"])
+        self._rng = _seed.restored_generator(self._rng, state["generator"])
         self._resume = None if state["epoch"] is None else (state["epoch"], int(state["yielded"]))
 
 
