@@ -55,6 +55,9 @@ LengthsArg = Union[Sequence[int], np.ndarray, Callable[[], Any]]
 # samples from across the epoch once shuffled.
 _DEFAULT_BUCKET_SIZE = 4096
 _STRATEGIES = ("first_fit", "best_fit")
+# Inner samplers whose iteration yields the same indices every time and moves
+# nothing, so len() may iterate them without a state to put back.
+_REITERABLE = (SequentialSampler, range, list, tuple, np.ndarray)
 
 
 def _positive_int(name: str, value: Any, owner: str) -> int:
@@ -237,7 +240,7 @@ class _LengthBatchSampler(Sampler[list[int]]):
         if self._resume is not None and self._resume[0] is not None:
             self.sampler.load_state_dict(self._resume[0])  # type: ignore[union-attr]
         saved = sampler_state(self.sampler)
-        if saved is None and type(self.sampler) is not SequentialSampler:
+        if saved is None and not isinstance(self.sampler, _REITERABLE):
             raise TypeError(
                 f"len() of a {type(self).__name__} depends on the lengths of the next epoch's "
                 f"samples, and the inner {type(self.sampler).__name__} has no state_dict() to "
