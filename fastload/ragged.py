@@ -134,7 +134,7 @@ class _RaggedCollate:
                 f"whose keys or positions are {sorted(map(repr, present))}")
         return self._collate(batch, elem, "")
 
-    def _leaf(self, samples: list[np.ndarray], where: str) -> Any:
+    def _leaf(self, samples: Sequence[Any], where: str) -> Any:
         raise NotImplementedError
 
     def _collate(self, batch: Sequence[Any], elem: Any, path: str) -> Any:
@@ -175,9 +175,11 @@ class _RaggedCollate:
         return default_collate(column)
 
 
-def _as_arrays(samples: Sequence[Any]) -> list[Any]:
-    """Torch tensors as numpy arrays; anything else as it is (the kernel
-    names what is not an array)."""
+def _as_arrays(samples: Sequence[Any]) -> Sequence[Any]:
+    """Torch tensors as numpy arrays, when the first sample is one (a leaf
+    is of one type; the kernel names a sample that is not an array)."""
+    if not is_tensor(samples[0]):
+        return samples
     return [s.numpy(force=True) if is_tensor(s) else s for s in samples]
 
 
@@ -194,7 +196,7 @@ class _PadCollate(_RaggedCollate):
         self.padding_value = padding_value
         self.multiple = multiple
 
-    def _leaf(self, samples: list[np.ndarray], path: str) -> Padded:
+    def _leaf(self, samples: Sequence[Any], path: str) -> Padded:
         who = _where(self.who, path)
         lengths, dtype, rest = ragged.leaf_lengths(samples, who)
         longest = int(lengths.max())
@@ -221,7 +223,7 @@ class _PadCollate(_RaggedCollate):
 class _PackCollate(_RaggedCollate):
     who = "pack_collate"
 
-    def _leaf(self, samples: list[np.ndarray], path: str) -> Packed:
+    def _leaf(self, samples: Sequence[Any], path: str) -> Packed:
         lengths, dtype, rest = ragged.leaf_lengths(samples, _where(self.who, path))
         total = int(lengths.sum())
         if total > _MAX_PACKED_ROWS:

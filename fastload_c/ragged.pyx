@@ -33,26 +33,40 @@ def leaf_lengths(samples, str who):
     and sample 0) when a sample's dtype or trailing dimensions differ from
     sample 0's, TypeError for a sample that is not an array of at least one
     dimension; ``who`` starts the messages."""
-    cdef Py_ssize_t i, n = len(samples)
+    cdef list items = list(samples)
+    cdef Py_ssize_t i, n = len(items)
     if n == 0:
         raise ValueError("{}: cannot collate an empty batch".format(who))
     cdef cnp.ndarray lengths = np.empty(n, dtype=np.int64)
     cdef int64_t *out = <int64_t *>cnp.PyArray_DATA(lengths)
-    first = _checked(samples[0], 0, who)
-    cdef cnp.dtype dtype = first.dtype
-    cdef tuple rest = (<object>first).shape[1:]
+    cdef cnp.ndarray first = _checked(items[0], 0, who)
     cdef cnp.ndarray sample
     for i in range(n):
-        sample = _checked(samples[i], i, who)
-        if sample.dtype != dtype or (<object>sample).shape[1:] != rest:
+        sample = _checked(items[i], i, who)
+        if not _same_rows(sample, first, 1):
             raise CollateError(
                 "{}: sample {} has shape {} and dtype {} but sample 0 has shape {} and dtype "
                 "{}; the samples of a variable-length leaf may differ only in their first "
                 "dimension".format(who, i, (<object>sample).shape, sample.dtype,
-                                   (<object>first).shape, dtype),
+                                   (<object>first).shape, first.dtype),
                 (i, 0))
         out[i] = cnp.PyArray_DIMS(sample)[0]
-    return lengths, dtype, rest
+    return lengths, first.dtype, (<object>first).shape[1:]
+
+
+cdef bint _same_rows(cnp.ndarray sample, cnp.ndarray model, int model_from):
+    """Whether ``sample``'s dtype is ``model``'s and its dimensions after the
+    first are ``model``'s from ``model_from`` on; C comparisons only, as this
+    runs for every sample of every batch."""
+    cdef int d, nd = cnp.PyArray_NDIM(sample)
+    if nd - 1 != cnp.PyArray_NDIM(model) - model_from:
+        return False
+    for d in range(1, nd):
+        if cnp.PyArray_DIMS(sample)[d] != cnp.PyArray_DIMS(model)[d - 1 + model_from]:
+            return False
+    return (cnp.PyArray_DESCR(sample) == cnp.PyArray_DESCR(model)
+            or cnp.PyArray_EquivTypes(<cnp.dtype><object>cnp.PyArray_DESCR(sample),
+                                      <cnp.dtype><object>cnp.PyArray_DESCR(model)))
 
 
 cdef cnp.ndarray _checked(object sample, Py_ssize_t position, str who):
@@ -84,7 +98,7 @@ cdef class _Rows:
         PyMem_Free(self.nbytes)
 
 
-cdef _Rows _rows(object samples, cnp.ndarray out, Py_ssize_t trailing_from, str who):
+cdef _Rows _rows(list samples, cnp.ndarray out, int trailing_from, str who):
     """The samples' rows, checked to have ``out``'s dtype and its dimensions
     from ``trailing_from`` on, so that no copy can run past ``out``."""
     cdef _Rows rows = _Rows.__new__(_Rows)
@@ -92,7 +106,6 @@ cdef _Rows _rows(object samples, cnp.ndarray out, Py_ssize_t trailing_from, str 
     cdef cnp.ndarray sample
     if not cnp.PyArray_IS_C_CONTIGUOUS(out) or not cnp.PyArray_ISWRITEABLE(out):
         raise ValueError("{}: the output must be a writable C-contiguous array".format(who))
-    rest = (<object>out).shape[trailing_from:]
     rows.held = []
     rows.n = n
     rows.src = <const char **>PyMem_Malloc(max(n, 1) * sizeof(char *))
@@ -101,9 +114,10 @@ cdef _Rows _rows(object samples, cnp.ndarray out, Py_ssize_t trailing_from, str 
         raise MemoryError()
     for i in range(n):
         sample = _checked(samples[i], i, who)
-        if sample.dtype != out.dtype or (<object>sample).shape[1:] != rest:
-            raise ValueError("{}: sample {} ({} {}) does not fit an output of {} rows {}"
-                             .format(who, i, sample.dtype, (<object>sample).shape, out.dtype, rest))
+        if not _same_rows(sample, out, trailing_from):
+            raise ValueError("{}: sample {} ({} {}) does not fit an output of {} {}"
+                             .format(who, i, sample.dtype, (<object>sample).shape, out.dtype,
+                                     (<object>out).shape))
         if not cnp.PyArray_IS_C_CONTIGUOUS(sample):
             sample = np.ascontiguousarray(sample)
             rows.held.append(sample)
@@ -119,16 +133,17 @@ def pad_into(samples, cnp.ndarray out, padding_value):
     samples' dtype and trailing dimensions, and L at least every sample's
     length (ValueError otherwise, before anything is written)."""
     cdef str who = "pad_into"
-    if cnp.PyArray_NDIM(out) < 2 or (<object>out).shape[0] != len(samples):
+    cdef list items = list(samples)
+    if cnp.PyArray_NDIM(out) < 2 or cnp.PyArray_DIMS(out)[0] != len(items):
         raise ValueError("{}: the output has shape {} but there are {} samples; it needs "
-                         "(samples, length, ...)".format(who, (<object>out).shape, len(samples)))
-    cdef _Rows rows = _rows(samples, out, 2, who)
+                         "(samples, length, ...)".format(who, (<object>out).shape, len(items)))
+    cdef _Rows rows = _rows(items, out, 2, who)
     cdef size_t row_bytes = <size_t>(cnp.PyArray_NBYTES(out) // max((<object>out).shape[0], 1))
     cdef Py_ssize_t i
     for i in range(rows.n):
         if rows.nbytes[i] > row_bytes:
             raise ValueError("{}: sample {} has length {}, longer than the output's {}"
-                             .format(who, i, np.shape(samples[i])[0], (<object>out).shape[1]))
+                             .format(who, i, np.shape(items[i])[0], (<object>out).shape[1]))
     cdef cnp.ndarray pad = np.array(padding_value, dtype=out.dtype)
     cdef const char *pad_item = cnp.PyArray_BYTES(pad)
     cdef size_t itemsize = <size_t>cnp.PyArray_ITEMSIZE(out)
@@ -146,16 +161,19 @@ def pack_into(samples, cnp.ndarray values, cnp.ndarray cu_seqlens, cnp.ndarray p
     ``(sum of lengths,)``). ValueError, before anything is written, when an
     output has another size or type, or the total length exceeds int32."""
     cdef str who = "pack_into"
-    cdef Py_ssize_t n = len(samples)
-    cdef _Rows rows = _rows(samples, values, 1, who)
+    cdef list items = list(samples)
+    cdef Py_ssize_t n = len(items)
+    if cnp.PyArray_NDIM(values) < 1:
+        raise ValueError("{}: values must have a first dimension".format(who))
+    cdef _Rows rows = _rows(items, values, 1, who)
     cdef cnp.ndarray lengths = np.empty(n, dtype=np.int64)
     cdef int64_t *length = <int64_t *>cnp.PyArray_DATA(lengths)
     cdef int64_t total = 0
     cdef Py_ssize_t i
     for i in range(n):
-        length[i] = cnp.PyArray_DIMS(<cnp.ndarray>samples[i])[0]
+        length[i] = cnp.PyArray_DIMS(<cnp.ndarray>items[i])[0]
         total += length[i]
-    if cnp.PyArray_NDIM(values) < 1 or (<object>values).shape[0] != total:
+    if cnp.PyArray_DIMS(values)[0] != total:
         raise ValueError("{}: values has shape {} but the samples hold {} rows"
                          .format(who, (<object>values).shape, total))
     for name, array, dtype, size in (("cu_seqlens", cu_seqlens, np.int32, n + 1),
