@@ -134,19 +134,20 @@ class _RaggedCollate:
                 f"whose keys or positions are {sorted(map(repr, present))}")
         return self._collate(batch, elem, "")
 
-    def _leaf(self, samples: Sequence[Any], where: str) -> Any:
+    def _leaf(self, samples: Sequence[Any], path: str) -> Any:
+        """The batch form of one variable-length leaf; ``path`` (as
+        ``['tokens']``) names it in errors."""
         raise NotImplementedError
 
     def _collate(self, batch: Sequence[Any], elem: Any, path: str) -> Any:
         """default_collate of ``batch``, but with the variable-length leaves
         as ``_leaf`` makes them. Without ``fields`` every array leaf of at
         least one dimension is one; with ``fields`` only the named top-level
-        ones (``path`` is empty exactly at the top)."""
+        ones, so this runs only at the top (``_child`` collates the rest).
+        ``path`` is where ``batch`` lies in the structure."""
         if is_tensor(elem) or isinstance(elem, np.ndarray):
             if self.fields is None and np.ndim(elem) >= 1:
                 return self._leaf(_as_arrays(batch), path)
-            return default_collate(batch)
-        if self.fields is not None and path:
             return default_collate(batch)
         if isinstance(elem, Mapping):
             values = {key: self._child([sample[key] for sample in batch], elem, key,
