@@ -32,7 +32,6 @@ so the largest count never exceeds what splitting can reach.
 """
 from __future__ import annotations
 
-import bisect
 import copy
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Union
@@ -46,6 +45,7 @@ from fastload._state import sampler_state
 from fastload.distributed import DistributedSampler
 from fastload.errors import InvalidArgumentError
 from fastload.sampler import Sampler, SequentialSampler
+from fastload_c import ragged
 
 __all__ = ["BucketBatchSampler", "PackedBatchSampler"]
 
@@ -386,42 +386,9 @@ class PackedBatchSampler(_LengthBatchSampler):
         _check_budget(lengths, self.max_tokens, "PackedBatchSampler")
 
     def _group(self, indices: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
-        pack = _best_fit if self.strategy == "best_fit" else _first_fit
-        bins = pack(lengths.tolist(), self.max_tokens)
-        return [indices[np.asarray(members, dtype=np.intp)] for members in bins]
+        bin_of, count = ragged.pack_bins(lengths, self.max_tokens, self.strategy == "best_fit")
+        # Each bin's indices in the order they were packed, bins in the order
+        # they opened.
+        members = indices[np.argsort(bin_of, kind="stable")]
+        return np.split(members, np.cumsum(np.bincount(bin_of, minlength=count))[:-1])
 
-
-def _first_fit(lengths: list[int], capacity: int) -> list[list[int]]:
-    """Positions of ``lengths`` grouped into bins of ``capacity``, each into
-    the first (oldest) bin with room."""
-    room = np.empty(len(lengths), dtype=np.int64)
-    bins: list[list[int]] = []
-    for position, length in enumerate(lengths):
-        fits = np.flatnonzero(room[:len(bins)] >= length)
-        if fits.size:
-            target = int(fits[0])
-            room[target] -= length
-            bins[target].append(position)
-        else:
-            room[len(bins)] = capacity - length
-            bins.append([position])
-    return bins
-
-
-def _best_fit(lengths: list[int], capacity: int) -> list[list[int]]:
-    """Positions of ``lengths`` grouped into bins of ``capacity``, each into
-    the bin with the least room that still fits it (the earliest on ties)."""
-    # (room, bin number) kept sorted: the best bin for a length is the first
-    # entry at or above (length, -1), found by bisection.
-    open_bins: list[tuple[int, int]] = []
-    bins: list[list[int]] = []
-    for position, length in enumerate(lengths):
-        at = bisect.bisect_left(open_bins, (length, -1))
-        if at < len(open_bins):
-            room, number = open_bins.pop(at)
-            bins[number].append(position)
-            bisect.insort(open_bins, (room - length, number))
-        else:
-            bins.append([position])
-            bisect.insort(open_bins, (capacity - length, len(bins) - 1))
-    return bins

@@ -1,6 +1,7 @@
 # distutils: sources = fastload_c/src/fl_ragged.c
 """Variable-length leaves: samples of different lengths into one padded or
-one packed block (the mechanism of fastload's pad_collate and pack_collate).
+one packed block (the mechanism of fastload's pad_collate and pack_collate),
+and lengths into bins of a token budget (of its PackedBatchSampler).
 
 The caller sizes the output from ``leaf_lengths`` and hands the blocks in as
 C-contiguous writable arrays, which may be fresh or views of a slot at an
@@ -24,6 +25,8 @@ cdef extern from "fl_ragged.h" nogil:
     void fl_concat_rows(char *dst, const char *const *src, const size_t *nbytes, size_t n)
     int fl_pack_offsets(const int64_t *lengths, size_t n, int32_t *cu_seqlens,
                         int64_t *position_ids)
+    size_t fl_pack_bins(const int64_t *lengths, size_t n, int64_t capacity, int best_fit,
+                        int64_t *room, int64_t *bin_of)
 
 
 def leaf_lengths(samples, str who):
@@ -192,3 +195,21 @@ def pack_into(samples, cnp.ndarray values, cnp.ndarray cu_seqlens, cnp.ndarray p
     with nogil:
         fl_concat_rows(dst, rows.src, rows.nbytes, rows.n)
         fl_pack_offsets(length, rows.n, cu, pos)
+
+
+def pack_bins(lengths, Py_ssize_t capacity, bint best_fit):
+    """``(bin_of, bins)``: lengths (1-d int64, each in [0, capacity]) packed
+    in order into bins of ``capacity``, first fit or best fit (see
+    fl_pack_bins); ``bin_of[i]`` is item i's bin, numbered as bins open.
+    ValueError for a length outside [0, capacity]."""
+    cdef cnp.ndarray items = np.ascontiguousarray(lengths, dtype=np.int64)
+    cdef Py_ssize_t n = items.shape[0]
+    if n and (items.min() < 0 or items.max() > capacity):
+        raise ValueError("pack_bins: every length must lie in [0, {}]".format(capacity))
+    cdef cnp.ndarray room = np.empty(max(n, 1), dtype=np.int64)
+    cdef cnp.ndarray bin_of = np.empty(n, dtype=np.int64)
+    cdef size_t bins
+    with nogil:
+        bins = fl_pack_bins(<const int64_t *>cnp.PyArray_DATA(items), n, capacity, best_fit,
+                            <int64_t *>cnp.PyArray_DATA(room), <int64_t *>cnp.PyArray_DATA(bin_of))
+    return bin_of, bins

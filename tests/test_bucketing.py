@@ -65,6 +65,19 @@ def test_a_bucket_is_sorted_by_length_before_it_is_cut():
     assert firsts != sorted(firsts, key=lambda i: lengths[i])
 
 
+def test_first_fit_takes_the_first_bin_and_best_fit_the_fullest():
+    lengths = np.array([5, 7, 3, 5])
+
+    def bins(strategy):
+        return list(fl.PackedBatchSampler(range(4), lengths, max_tokens=10, strategy=strategy,
+                                          shuffle=False))
+
+    # 3 fits both bins (room 5 and 3): first fit takes bin 0, so the last 5
+    # needs a new bin; best fit takes bin 1, where 3 fills it exactly.
+    assert bins("first_fit") == [[0, 2], [1], [3]]
+    assert bins("best_fit") == [[0, 3], [1, 2]]
+
+
 def test_best_fit_leaves_no_more_room_than_first_fit():
     lengths = np.random.default_rng(1).integers(1, 40, 400)
 

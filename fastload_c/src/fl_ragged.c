@@ -62,3 +62,31 @@ int fl_pack_offsets(const int64_t *lengths, size_t n, int32_t *cu_seqlens, int64
     }
     return 0;
 }
+
+size_t fl_pack_bins(const int64_t *lengths, size_t n, int64_t capacity, int best_fit,
+                    int64_t *room, int64_t *bin_of)
+{
+    /* A scan over the open bins per item: a bucket opens a few hundred bins
+     * (its tokens over the budget), so this stays a few cycles per bin and
+     * needs no tree to keep ordered. */
+    size_t bins = 0;
+    for (size_t i = 0; i < n; i++) {
+        int64_t length = lengths[i];
+        size_t chosen = bins;
+        for (size_t b = 0; b < bins; b++) {
+            if (room[b] < length)
+                continue;
+            if (!best_fit) {
+                chosen = b;
+                break;
+            }
+            if (chosen == bins || room[b] < room[chosen])
+                chosen = b;
+        }
+        if (chosen == bins)
+            room[bins++] = capacity;
+        room[chosen] -= length;
+        bin_of[i] = (int64_t)chosen;
+    }
+    return bins;
+}

@@ -29,4 +29,13 @@ void fl_concat_rows(char *dst, const char *const *src, const size_t *nbytes, siz
  * attention kernels), else 0. */
 int fl_pack_offsets(const int64_t *lengths, size_t n, int32_t *cu_seqlens, int64_t *position_ids);
 
+/* Pack n items into bins of `capacity`, in order: each into the first open
+ * bin with room for it (best_fit 0) or into the one with the least room
+ * that still fits it, the earliest on ties (best_fit 1); a new bin when none
+ * has room. bin_of[i] gets item i's bin, numbered in the order bins open;
+ * `room` is scratch of n entries. Requires 0 <= lengths[i] <= capacity.
+ * Returns the number of bins. */
+size_t fl_pack_bins(const int64_t *lengths, size_t n, int64_t capacity, int best_fit,
+                    int64_t *room, int64_t *bin_of);
+
 #endif
