@@ -146,6 +146,26 @@ def test_every_rank_yields_as_many_batches(kind, lengths, world, epoch):
     assert set(seen) == set(range(len(lengths)))
 
 
+@pytest.mark.parametrize("kind", ["tokens", "best_fit"])
+def test_a_rank_resumes_its_own_batches(kind):
+    lengths = np.random.default_rng(4).integers(0, 60, 90)
+
+    def sampler():
+        shard = fl.DistributedSampler(range(90), num_replicas=3, rank=1, seed=2)
+        shard.set_epoch(5)
+        return make_sampler(kind, lengths, inner=shard)
+
+    original = sampler()
+    epoch = iter(original)
+    next(epoch), next(epoch)
+    state = original.state_dict()
+    rest = list(epoch)
+    resumed = fl.DistributedSampler(range(90), num_replicas=3, rank=1, seed=2)
+    resumed_batches = make_sampler(kind, lengths, inner=resumed)
+    resumed_batches.load_state_dict(state)
+    assert list(resumed_batches) == rest and resumed.epoch == 5
+
+
 def test_lengths_from_a_callable_are_computed_once():
     calls = []
 
