@@ -229,7 +229,7 @@ def print_report(report):
     for name, value in report["utilisation"].items():
         print(f"  {name:26} {value['utilisation']:7.2%}  {value['bins']:5} bins  "
               f"planned in {value['plan_seconds'] * 1e3:.0f} ms")
-    print("\nend to end, one epoch (million tokens/s)")
+    print("\nend to end, the second epoch (million tokens/s)")
     for workers, runs in report["end_to_end"].items():
         for name, value in runs.items():
             print(f"  workers={workers} {name:37} {value['tokens_per_second'] / 1e6:7.2f}  "
