@@ -4,6 +4,7 @@ from fastload._gathered import GatheredBatch
 from fastload._sample_rng import sample_rng
 from fastload._stats import LoaderStats
 from fastload._worker_info import WorkerInfo, get_worker_info
+from fastload.bucketing import BucketBatchSampler, PackedBatchSampler
 from fastload.collate import default_collate, default_convert
 from fastload.dataset import (
     ArrayDataset,
@@ -26,6 +27,7 @@ from fastload.errors import (
     WorkerDiedError,
 )
 from fastload.loader import DataLoader, StatefulDataLoader
+from fastload.ragged import Packed, Padded, pack_collate, pad_collate
 from fastload.sampler import (
     BatchSampler,
     RandomSampler,
@@ -40,6 +42,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArrayDataset",
     "BatchSampler",
+    "BucketBatchSampler",
     "ChainDataset",
     "CollateError",
     "ConcatDataset",
@@ -51,6 +54,9 @@ __all__ = [
     "InvalidArgumentError",
     "IterableDataset",
     "LoaderStats",
+    "Packed",
+    "PackedBatchSampler",
+    "Padded",
     "RandomSampler",
     "RingClosedError",
     "Sampler",
@@ -68,6 +74,8 @@ __all__ = [
     "default_collate",
     "default_convert",
     "get_worker_info",
+    "pack_collate",
+    "pad_collate",
     "random_split",
     "sample_rng",
 ]
