@@ -1,0 +1,13 @@
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+# (lengths int64 (B,), dtype, trailing dimensions) of one variable-length leaf.
+def leaf_lengths(samples: Sequence[Any], who: str) -> tuple[np.ndarray, np.dtype[Any],
+                                                                  tuple[int, ...]]: ...
+def pad_into(samples: Sequence[Any], out: np.ndarray, padding_value: Any) -> None: ...
+def pack_into(samples: Sequence[Any], values: np.ndarray, cu_seqlens: np.ndarray,
+              position_ids: np.ndarray) -> None: ...
+# (bin_of int64 (n,), number of bins)
+def pack_bins(lengths: Any, capacity: int, best_fit: bool) -> tuple[np.ndarray, int]: ...
