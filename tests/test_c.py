@@ -18,7 +18,7 @@ SRC = ROOT / "fastload_c" / "src"
 TESTS_C = ROOT / "tests" / "c"
 # Each unit's test and the C sources it links (the doorbell is header-only).
 UNITS = {"ring": ["fl_ring.c"], "doorbell": [], "slab": ["fl_slab.c"], "copy": ["fl_copy.c"],
-         "shm": ["fl_shm.c"], "proc": ["fl_proc.c"]}
+         "shm": ["fl_shm.c"], "proc": ["fl_proc.c"], "ragged": ["fl_ragged.c"]}
 SANITIZERS = {
     "asan": ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"],
     "tsan": ["-fsanitize=thread"],
