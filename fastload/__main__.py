@@ -39,9 +39,10 @@ def _parser() -> argparse.ArgumentParser:
                     "fresh process, and print samples/s, MB/s, time to first batch and ratios. "
                     "Workloads: " + "; ".join(f"{w.name}: {w.description}, batch {w.batch_size}"
                                               for w in WORKLOADS.values()) + ".")
-    bench.add_argument("--workloads", type=_names, default=["rows", "images", "augment", "tensors"],
+    bench.add_argument("--workloads", type=_names,
+                       default=["rows", "images", "augment", "tensors", "ragged"],
                        help=f"comma-separated, of {','.join(WORKLOADS)} "
-                            "(default rows,images,augment,tensors; tensors needs torch)")
+                            "(default rows,images,augment,tensors,ragged; tensors needs torch)")
     bench.add_argument("--contenders", type=_names, default=list(CONTENDERS),
                        help=f"comma-separated, of {','.join(CONTENDERS)} (default all)")
     bench.add_argument("--workers", type=_counts, default=[0, 2],

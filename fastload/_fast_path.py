@@ -23,6 +23,10 @@ batch:
   ArrayDatasets, say) whose columns are all numeric: copied as they are.
 - collate: any other samples go through ``collate_into``, which mirrors
   ``default_collate`` for arrays, numbers, strings and containers.
+- in place: ``pad_collate`` and ``pack_collate`` run as they are (the same
+  code as in the main process), only their output blocks are carved from
+  the slot (``ragged.outputs_from``), so each sample's rows are copied once;
+  ``pickle_into`` then names those blocks where they lie instead of copying.
 
 A fast path never decides an outcome it is unsure of: when one raises
 (a leaf it does not handle, such as a torch tensor or an object array;
@@ -40,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from fastload import ragged
 from fastload._fetch import DatasetFetcher, DatasetKind
 from fastload._gathered import GatheredBatch
 from fastload.collate import default_collate, is_stacked_column
@@ -79,6 +84,7 @@ class BatchWriter:
     def __init__(self, dataset: Any, kind: DatasetKind, auto_collation: bool,
                  collate_fn: Callable[[Any], Any]) -> None:
         self._default_collation = auto_collation and collate_fn is default_collate
+        self._in_place = auto_collation and ragged.writes_in_place(collate_fn)
         self._gather: tuple[tuple[np.ndarray, ...], np.ndarray | None] | None = None
         if self._default_collation and kind is DatasetKind.MAP:
             try:
@@ -90,6 +96,10 @@ class BatchWriter:
         """Fetch the data of one task; return the function that writes its
         batch into a slot. Raises what fetching raises (StopIteration when
         an iterable dataset is exhausted)."""
+        if self._in_place:
+            samples = fetcher.fetch_samples(index)
+            return lambda t, o, c: _collated_in_place(lambda: fetcher.collate(samples, index),
+                                                      t, o, c)
         if not self._default_collation:
             return _pickled(fetcher.fetch(index))
         if self._gather is not None:
@@ -124,6 +134,34 @@ def _rows(index: Any, row_map: np.ndarray | None) -> np.ndarray | None:
         return rows if row_map is None else row_map[rows]
     except (IndexError, TypeError, ValueError, OverflowError):
         return None
+
+
+# Blocks carved from a slot start on the boundaries pack aligns arrays to.
+_ALIGN = 64
+
+
+def _collated_in_place(collate: Callable[[], Any], target: Any, offset: int,
+                       capacity: int) -> bytes:
+    """The batch of ``collate()`` with its ragged output blocks made in the
+    slot, from its start; the rest pickled after them."""
+    used = 0
+
+    def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        nonlocal used
+        dtype = np.dtype(dtype)
+        start = -(-used // _ALIGN) * _ALIGN
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if start + nbytes > capacity:
+            # Enough for this block, the ones after it and the pickle, with
+            # room to spare: the worker asks for that and writes again.
+            raise SlotTooSmallError(max(2 * capacity, 2 * (start + nbytes)), capacity)
+        used = start + nbytes
+        block = np.frombuffer(target, np.uint8, nbytes, offset + start)
+        return block.view(dtype).reshape(shape)
+
+    with ragged.outputs_from(empty):
+        batch = collate()
+    return pack.pickle_into(batch, target, offset, capacity, reserved=used)
 
 
 def _pickled(batch: Any) -> Write:

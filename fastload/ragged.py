@@ -9,7 +9,9 @@ sample's rows once, with the GIL released.
 """
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable, Mapping, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -23,6 +25,29 @@ __all__ = ["Packed", "Padded", "pack_collate", "pad_collate"]
 
 # cu_seqlens is int32, the type varlen attention kernels take.
 _MAX_PACKED_ROWS = 2**31 - 1
+
+
+class _Outputs(threading.local):
+    """Where this thread's pad and pack outputs are made (see outputs_from)."""
+
+    empty: Callable[..., np.ndarray] = staticmethod(np.empty)
+
+
+_outputs = _Outputs()
+
+
+@contextlib.contextmanager
+def outputs_from(empty: Callable[..., np.ndarray]) -> Iterator[None]:
+    """Within the block, this thread's pad_collate and pack_collate make their
+    output blocks with ``empty(shape, dtype)`` instead of ``np.empty``: a
+    worker hands out its slot, so each sample's rows are copied once,
+    straight into shared memory (NOTE [ Fast paths ] in fastload._fast_path)."""
+    previous = _outputs.empty
+    _outputs.empty = empty
+    try:
+        yield
+    finally:
+        _outputs.empty = previous
 
 
 class Padded(NamedTuple):
@@ -188,6 +213,11 @@ def _where(who: str, path: str) -> str:
     return f"{who}, leaf batch{path}" if path else who
 
 
+def writes_in_place(collate_fn: Any) -> bool:
+    """Whether ``collate_fn`` is one of ours, whose outputs outputs_from places."""
+    return type(collate_fn) in (_PadCollate, _PackCollate)
+
+
 class _PadCollate(_RaggedCollate):
     who = "pad_collate"
 
@@ -202,7 +232,7 @@ class _PadCollate(_RaggedCollate):
         lengths, dtype, rest = ragged.leaf_lengths(samples, who)
         longest = int(lengths.max())
         padded_length = -(-longest // self.multiple) * self.multiple
-        values = np.empty((len(samples), padded_length, *rest), dtype=dtype)
+        values = _outputs.empty((len(samples), padded_length, *rest), dtype)
         ragged.pad_into(samples, values, self._padding(dtype, who))
         return Padded(values, lengths)
 
@@ -230,8 +260,8 @@ class _PackCollate(_RaggedCollate):
         if total > _MAX_PACKED_ROWS:
             raise CollateError(f"{_where(self.who, path)}: the batch holds {total} rows, more "
                                "than int32 cu_seqlens can count; use smaller batches")
-        values = np.empty((total, *rest), dtype=dtype)
-        cu_seqlens = np.empty(len(samples) + 1, dtype=np.int32)
-        position_ids = np.empty(total, dtype=np.int64)
+        values = _outputs.empty((total, *rest), dtype)
+        cu_seqlens = _outputs.empty((len(samples) + 1,), np.dtype(np.int32))
+        position_ids = _outputs.empty((total,), np.dtype(np.int64))
         ragged.pack_into(samples, values, cu_seqlens, position_ids)
         return Packed(values, cu_seqlens, position_ids)

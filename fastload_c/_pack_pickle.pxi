@@ -3,11 +3,15 @@
 
 
 def pickle_into(obj, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1, *,
-                Py_ssize_t inband_limit=1024):
+                Py_ssize_t inband_limit=1024, Py_ssize_t reserved=0):
     """Pickle ``obj`` (protocol 5) into the slot, buffers of ``inband_limit``
     bytes or more out of band, so unpack rebuilds arrays viewing the slot.
     The stream itself is written in the slot too: the layout stays a few
-    bytes per buffer. SlotTooSmallError when it does not fit."""
+    bytes per buffer. SlotTooSmallError when it does not fit.
+
+    ``reserved``: the slot's first bytes already hold some of obj's arrays
+    (made there by the caller); a buffer lying inside them is named where it
+    is, not copied, and everything else goes after them."""
     buffers = []
 
     def out_of_band(pb):
@@ -18,20 +22,40 @@ def pickle_into(obj, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1, *,
         return False
 
     stream = pickle.dumps(obj, protocol=5, buffer_callback=out_of_band)
-    cdef size_t off = 0
+    cdef _Target t = _target(target, offset, capacity)
+    if reserved < 0 or <size_t>reserved > t.capacity:
+        raise ValueError("reserved={} lies outside the slot of {} bytes"
+                         .format(reserved, t.capacity))
+    cdef size_t off = <size_t>reserved, at
     places = []
+    copies = []
+    copy_places = []
     for raw in buffers:
+        at = _address(raw) - <size_t>t.base
+        if _address(raw) >= <size_t>t.base and at + <size_t>raw.nbytes <= <size_t>reserved:
+            places.append((at, raw.nbytes))
+            continue
         off = fl_align_up(off, FL_ALIGN)
         places.append((off, raw.nbytes))
+        copies.append(raw)
+        copy_places.append((off, raw.nbytes))
         off += raw.nbytes
     cdef size_t stream_off = fl_align_up(off, FL_ALIGN)
-    cdef _Target t = _target(target, offset, capacity)
     t.check(stream_off + len(stream))
     layout = _dumps(("pickle", stream_off, len(stream), tuple(places)))
-    buffers.append(stream)
-    places.append((stream_off, len(stream)))
-    _copy_buffers(t.base, buffers, places)
+    copies.append(stream)
+    copy_places.append((stream_off, len(stream)))
+    _copy_buffers(t.base, copies, copy_places)
     return layout
+
+
+cdef size_t _address(object buffer) except? 0:
+    """Where a buffer's memory starts (the caller keeps it alive)."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE)
+    cdef size_t address = <size_t>view.buf
+    PyBuffer_Release(&view)
+    return address
 
 
 cdef int _copy_buffers(char *base, list buffers, list places) except -1:

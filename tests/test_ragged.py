@@ -183,3 +183,30 @@ def test_workers_give_the_batches_of_the_main_process(collate):
         for field_one, field_other in zip(one["tokens"], other["tokens"]):
             np.testing.assert_array_equal(field_one, field_other)
         np.testing.assert_array_equal(one["label"], other["label"])
+
+
+@pytest.mark.parametrize("make", [fl.pad_collate, fl.pack_collate])
+def test_in_a_worker_the_blocks_are_made_in_the_slot_and_not_copied(make):
+    # NOTE [ Fast paths ]: a worker makes the ragged blocks in its slot and
+    # pickle_into names them where they lie.
+    import pickle
+
+    from fastload._fast_path import _collated_in_place
+    from fastload_c.pack import SlotTooSmallError, unpack
+
+    collate = make()
+    samples = [{"tokens": np.arange(n, dtype=np.int32), "label": n} for n in (3, 700, 5, 64)]
+    with pytest.raises(SlotTooSmallError):
+        _collated_in_place(lambda: collate(samples), bytearray(1024), 0, 1024)
+    slot = bytearray(1 << 16)
+    layout = _collated_in_place(lambda: collate(samples), slot, 256, len(slot) - 256)
+    kind, stream_at, _, places = pickle.loads(layout)
+    values_bytes = collate(samples)["tokens"][0].nbytes
+    assert kind == "pickle" and (0, values_bytes) in places  # the first block, in place
+    assert all(at + n <= stream_at for at, n in places)
+    got = unpack(memoryview(slot)[256:], layout)
+    expected = collate(samples)
+    for part_got, part_expected in zip(got["tokens"], expected["tokens"]):
+        assert part_got.dtype == part_expected.dtype
+        assert np.array_equal(part_got, part_expected)
+    assert np.array_equal(got["label"], expected["label"])

@@ -1,8 +1,9 @@
 """The loaders the benchmark compares, each built over a workload's dataset.
 
-A contender is a function ``(dataset, batch_size, workers) -> loader`` whose
-loader yields one shuffled epoch per ``iter()`` and keeps its worker
-processes between epochs (persistent workers).
+A contender is a function ``(dataset, batch_size, workers, collate_fn) ->
+loader`` whose loader yields one shuffled epoch per ``iter()`` and keeps its
+worker processes between epochs (persistent workers); ``collate_fn`` None
+means the loader's default.
 """
 from __future__ import annotations
 
@@ -22,9 +23,12 @@ PREFETCH = 2
 _pool_dataset: Any = None
 
 
-def _set_pool_dataset(dataset: Any) -> None:
-    global _pool_dataset
-    _pool_dataset = dataset
+_pool_collate: Any = None
+
+
+def _set_pool_dataset(dataset: Any, collate: Any) -> None:
+    global _pool_dataset, _pool_collate
+    _pool_dataset, _pool_collate = dataset, collate
 
 
 def stack_batch(dataset: Any, indices: list[int]) -> tuple[np.ndarray, ...]:
@@ -34,8 +38,14 @@ def stack_batch(dataset: Any, indices: list[int]) -> tuple[np.ndarray, ...]:
     return tuple(np.stack(field) for field in zip(*samples))
 
 
-def _stack_in_pool(indices: list[int]) -> tuple[np.ndarray, ...]:
-    return stack_batch(_pool_dataset, indices)
+def _batch_in_pool(indices: list[int]) -> Any:
+    return _batch(_pool_dataset, _pool_collate, indices)
+
+
+def _batch(dataset: Any, collate: Any, indices: list[int]) -> Any:
+    if collate is None:
+        return stack_batch(dataset, indices)
+    return collate([dataset[i] for i in indices])
 
 
 class PoolLoader:
@@ -44,14 +54,16 @@ class PoolLoader:
     back through the pool's pipe; ``PREFETCH`` tasks per worker in flight.
     Without workers, the same fetch in this process."""
 
-    def __init__(self, dataset: Any, batch_size: int, workers: int) -> None:
+    def __init__(self, dataset: Any, batch_size: int, workers: int, collate: Any = None) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
         self.workers = workers
+        self.collate = collate
         self.rng = np.random.default_rng(0)
         self.pending: deque[Any] = deque()  # results of the tasks in flight
         self.pool = (multiprocessing.get_context("fork").Pool(
-            workers, initializer=_set_pool_dataset, initargs=(dataset,)) if workers else None)
+            workers, initializer=_set_pool_dataset, initargs=(dataset, collate))
+            if workers else None)
 
     def _batches(self) -> Iterator[list[int]]:
         order = self.rng.permutation(len(self.dataset))
@@ -61,11 +73,11 @@ class PoolLoader:
     def __iter__(self) -> Iterator[tuple[np.ndarray, ...]]:
         if self.pool is None:
             for indices in self._batches():
-                yield stack_batch(self.dataset, indices)
+                yield _batch(self.dataset, self.collate, indices)
             return
         pending = self.pending
         for indices in self._batches():
-            pending.append(self.pool.apply_async(_stack_in_pool, (indices,)))
+            pending.append(self.pool.apply_async(_batch_in_pool, (indices,)))
             if len(pending) >= PREFETCH * self.workers:
                 yield pending.popleft().get()
         while pending:
@@ -81,23 +93,24 @@ class PoolLoader:
             self.pool.join()
 
 
-def fastload_loader(dataset: Any, batch_size: int, workers: int) -> Any:
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True,
+def fastload_loader(dataset: Any, batch_size: int, workers: int, collate_fn: Any = None) -> Any:
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, collate_fn=collate_fn,
                       num_workers=workers, persistent_workers=workers > 0)
 
 
-def torch_loader(dataset: Any, batch_size: int, workers: int) -> Any:
+def torch_loader(dataset: Any, batch_size: int, workers: int, collate_fn: Any = None) -> Any:
     from torch.utils.data import DataLoader as TorchDataLoader
 
-    return TorchDataLoader(dataset, batch_size=batch_size, shuffle=True,
+    return TorchDataLoader(dataset, batch_size=batch_size, shuffle=True, collate_fn=collate_fn,
                            num_workers=workers, persistent_workers=workers > 0)
 
 
-def python_mp_loader(dataset: Any, batch_size: int, workers: int) -> Any:
-    return PoolLoader(dataset, batch_size, workers)
+def python_mp_loader(dataset: Any, batch_size: int, workers: int,
+                     collate_fn: Any = None) -> Any:
+    return PoolLoader(dataset, batch_size, workers, collate_fn)
 
 
-CONTENDERS: dict[str, Callable[[Any, int, int], Any]] = {
+CONTENDERS: dict[str, Callable[[Any, int, int, Any], Any]] = {
     "fastload": fastload_loader,
     "torch": torch_loader,
     "python-mp": python_mp_loader,

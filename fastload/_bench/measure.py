@@ -42,13 +42,23 @@ STEPPING_EPOCHS = 2
 STEP_OVER_INTERVAL = 1.5
 
 
+def _leaves(batch: Any) -> list[Any]:
+    """The arrays (numpy arrays and torch tensors alike) of a batch, in order,
+    through lists, tuples (Padded ones too) and dicts."""
+    if isinstance(batch, dict):
+        return [leaf for value in batch.values() for leaf in _leaves(value)]
+    if isinstance(batch, (list, tuple)):
+        return [leaf for value in batch for leaf in _leaves(value)]
+    return [batch] if hasattr(batch, "nbytes") else []
+
+
 def batch_samples(batch: Any) -> int:
-    return len(batch[0])
+    return len(_leaves(batch)[0])
 
 
 def batch_bytes(batch: Any) -> int:
-    """Bytes of a batch's arrays (numpy arrays and torch tensors alike)."""
-    return sum(int(leaf.nbytes) for leaf in batch)
+    """Bytes of a batch's arrays, padding included."""
+    return sum(int(leaf.nbytes) for leaf in _leaves(batch))
 
 
 def tree_memory_now() -> dict[str, int]:
@@ -146,7 +156,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         result.update(tree_memory_now())
     else:
         dataset = workload.dataset(contender, arrays)
-        loader = CONTENDERS[contender](dataset, batch_size, spec["workers"])
+        loader = CONTENDERS[contender](dataset, batch_size, spec["workers"],
+                                       workload.collate_fn(contender))
         gc.collect()
         baseline = tree_memory_now()
         result = time_loader(loader, spec["duration"], stepping=spec["workers"] > 0)

@@ -77,6 +77,57 @@ class TensorImageDataset:
         return image.float().div_(255), int(self.labels[index])
 
 
+class TokenDataset:
+    """Variable-length samples: int32 token sequences of lognormal lengths
+    (mean about 300, at most 4096) and an int label, sliced from one array;
+    torch tensors for torch's loader, numpy arrays for the others."""
+
+    def __init__(self, tokens: np.ndarray, offsets: np.ndarray, labels: np.ndarray,
+                 as_tensors: bool) -> None:
+        self.tokens = tokens
+        self.offsets = offsets
+        self.labels = labels
+        self.as_tensors = as_tensors
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        tokens = self.tokens[self.offsets[index]:self.offsets[index + 1]]
+        if self.as_tensors:
+            import torch
+
+            return torch.from_numpy(tokens), int(self.labels[index])
+        return tokens, int(self.labels[index])
+
+
+def torch_pad(batch: list[tuple[Any, int]]) -> tuple[Any, Any, Any]:
+    """The padding collate_fn NLP projects write for torch's loader."""
+    import torch
+    from torch.nn.utils.rnn import pad_sequence
+
+    tokens = [sample[0] for sample in batch]
+    return (pad_sequence(tokens, batch_first=True, padding_value=0),
+            torch.tensor([len(t) for t in tokens]), torch.tensor([s[1] for s in batch]))
+
+
+def numpy_pad(batch: list[tuple[Any, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The same written with numpy, sample by sample, for the Pool baseline."""
+    lengths = np.array([len(sample[0]) for sample in batch])
+    values = np.zeros((len(batch), int(lengths.max())), dtype=batch[0][0].dtype)
+    for row, sample in enumerate(batch):
+        values[row, :len(sample[0])] = sample[0]
+    return values, lengths, np.array([sample[1] for sample in batch])
+
+
+def _ragged_collate(contender: str) -> Any:
+    if contender == "fastload":
+        from fastload.ragged import pad_collate
+
+        return pad_collate()
+    return torch_pad if contender == "torch" else numpy_pad
+
+
 @dataclass(frozen=True)
 class Workload:
     """A benchmark workload: its source arrays and how each contender sees them."""
@@ -91,6 +142,12 @@ class Workload:
     augment: bool = False
     # Samples are torch tensors: measured only where torch is installed.
     tensors: bool = False
+    # Samples of different lengths: each contender's padding collate_fn.
+    ragged: bool = False
+
+    def collate_fn(self, contender: str) -> Any:
+        """The collate_fn ``contender`` loads with (None: its default)."""
+        return _ragged_collate(contender) if self.ragged else None
 
     def dataset(self, contender: str, arrays: tuple[np.ndarray, ...]) -> Any:
         """The dataset ``contender`` loads: fastload's ArrayDataset, torch's
@@ -102,6 +159,9 @@ class Workload:
                                   _fastload_rng if contender == "fastload" else _index_rng)
         if self.tensors:
             return TensorImageDataset(*arrays)
+        if self.ragged:
+            tokens, offsets, labels = arrays
+            return TokenDataset(tokens, offsets, labels, as_tensors=contender == "torch")
         if contender == "torch":
             import torch
             from torch.utils.data import TensorDataset
@@ -139,6 +199,15 @@ def _hwc_images() -> tuple[np.ndarray, ...]:
     return images, _labels(count)
 
 
+def _token_sequences() -> tuple[np.ndarray, ...]:
+    count, mean, sigma = 8192, 300, 0.8
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(np.log(mean) - sigma ** 2 / 2, sigma, count), 1, 4096)
+    offsets = np.concatenate([[0], np.cumsum(lengths.astype(np.int64))])
+    tokens = rng.integers(0, 50000, int(offsets[-1]), dtype=np.int32)
+    return tokens, offsets, _labels(count)
+
+
 def _large() -> tuple[np.ndarray, ...]:
     # 128 MiB, far past any cache; filled, so no page is the shared zero page.
     return (np.full((128, 512, 512), 0.5, dtype=np.float32),)
@@ -153,4 +222,7 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              bandwidth_bound=True),
     Workload("tensors", "4096 torch images: uint8 32x32x3 to float32 3x32x32 tensor, "
              "int label, per sample in Python", 128, _hwc_images, tensors=True),
+    Workload("ragged", "8192 int32 token sequences, lognormal lengths (mean 300, max 4096), "
+             "padded per batch: fastload.pad_collate against the Python padding collate_fn "
+             "of each baseline", 64, _token_sequences, ragged=True),
 )}
