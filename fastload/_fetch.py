@@ -39,6 +39,15 @@ class DatasetFetcher:
         """The samples of one batch, not yet collated."""
         raise NotImplementedError
 
+    # A stream whose position is checkpointed (see IterableDatasetFetcher).
+    stateful = False
+
+    def state(self) -> Any:
+        return None
+
+    def restore(self, state: Any) -> None:
+        """Nothing to restore: a map-style position is the sampler's."""
+
     def collate(self, samples: Any, index: Any) -> Any:
         """The batch of ``samples`` (fetched for ``index``): what ``fetch``
         returns, for a caller that fetched the samples itself."""
@@ -115,6 +124,24 @@ class IterableDatasetFetcher(DatasetFetcher):
         super().__init__(dataset, auto_collation, collate_fn, drop_last)
         self.dataset_iter: Iterator[Any] = iter(dataset)
         self.ended = False
+        # torchdata's rule: an iterator with a state of its own is what is
+        # checkpointed; else the dataset, when it has one.
+        self._stateful_source: Any = next(
+            (source for source in (self.dataset_iter, dataset) if _is_stateful(source)), None)
+        self.stateful = self._stateful_source is not None
+
+    def state(self) -> Any:
+        """The stream's position now (see ``restore``); None when neither the
+        iterator nor the dataset keeps a state."""
+        source = self._stateful_source
+        return None if source is None else source.state_dict()
+
+    def restore(self, state: Any) -> None:
+        """Put the stream back where ``state()`` was taken: called after
+        iter(), as torchdata does, so a dataset that sets its cursor up in
+        ``__iter__`` keeps the restored one."""
+        if state is not None and self._stateful_source is not None:
+            self._stateful_source.load_state_dict(state)
 
     def fetch_samples(self, index: Any) -> list[Any]:
         """The next ``len(index)`` samples, not yet collated; StopIteration
@@ -138,6 +165,11 @@ class IterableDatasetFetcher(DatasetFetcher):
         if not self.auto_collation:
             return self.collate_fn(next(self.dataset_iter))
         return self.collate(self.fetch_samples(possibly_batched_index), possibly_batched_index)
+
+
+def _is_stateful(source: Any) -> bool:
+    return callable(getattr(source, "state_dict", None)) and callable(
+        getattr(source, "load_state_dict", None))
 
 
 def create_fetcher(

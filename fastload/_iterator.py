@@ -138,8 +138,9 @@ class BaseIter:
         self._snapshot_every = loader.snapshot_every_n_steps
         self._to_torch = loader.output == "torch"
         self._map_style = self._dataset_kind is DatasetKind.MAP
-        self._dataset_stateful = (not self._map_style
-                                  and callable(getattr(self._dataset, "state_dict", None)))
+        # Whether the dataset's position is checkpointed: a map-style
+        # dataset's own state in this process, an iterable one's stream.
+        self._dataset_stateful = callable(getattr(self._dataset, "state_dict", None))
         self._stats = LoaderStats()
         self._returned_at: float | None = None
         if resume is None:
@@ -193,8 +194,11 @@ class BaseIter:
         """Release what the iterator holds (worker processes, if any)."""
 
     def _snapshot_due(self) -> bool:
-        """Whether the batch about to be delivered records a snapshot."""
-        return (self._progress.yielded + 1) % self._snapshot_every == 0
+        """Whether the batch about to be delivered records a snapshot (never
+        with snapshot_every_n_steps=0: states then count from the epoch's
+        start)."""
+        every = self._snapshot_every
+        return every > 0 and (self._progress.yielded + 1) % every == 0
 
     def _next_data(self) -> Any:
         raise NotImplementedError
@@ -254,11 +258,6 @@ class SingleProcessIter(BaseIter):
                 "loading in the main process cannot time out"
             )
         self._pin_torch = pin_target(loader)
-        if resume is not None and not self._map_style:
-            self._progress.dataset = resume["dataset"]
-            self._progress.dataset_step = resume["dataset_step"]
-            if resume["dataset"] is not None:
-                self._dataset.load_state_dict(resume["dataset"])
         self._fetcher = create_fetcher(
             self._dataset_kind,
             self._dataset,
@@ -266,18 +265,57 @@ class SingleProcessIter(BaseIter):
             self._collate_fn,
             self._drop_last,
         )
+        if not self._map_style:
+            self._dataset_stateful = self._fetcher.stateful
+        progress = self._progress
+        if resume is None:
+            # A state taken before the first batch then holds the stream's
+            # start, not whatever the dataset does later.
+            if self._dataset_stateful:
+                progress.dataset = self._stream_state()
+        elif self._dataset_stateful or self._map_style:
+            progress.dataset = resume["dataset"]
+            progress.dataset_step = resume["dataset_step"]
+            self._restore_stream(resume["dataset"])
         if resume is not None and not self._map_style:
             # An iterable dataset is rewound only by its own state; what it
             # yielded after that state is read again and dropped.
-            self._progress.dataset_ended = resume["dataset_ended"]
+            progress.dataset_ended = resume["dataset_ended"]
             if resume["dataset_ended"]:
                 self._fetcher.ended = True  # type: ignore[attr-defined]
             else:
-                for _ in range(self._progress.yielded - self._progress.dataset_step):
+                for _ in range(progress.yielded - progress.dataset_step):
                     try:
                         self._fetcher.fetch(next(self._sampler_iter))
                     except StopIteration:
                         break
+                    except Exception:
+                        pass  # that batch was delivered as its exception
+
+    def _stream_state(self) -> Any:
+        """The dataset's position now: a map-style dataset's own state, or
+        an iterable stream's (its iterator's or its dataset's)."""
+        if self._map_style:
+            return dataset_state(self._dataset)
+        return self._fetcher.state()
+
+    def _restore_stream(self, state: Any) -> None:
+        if state is None:
+            return
+        if self._map_style:
+            self._dataset.load_state_dict(state)
+        else:
+            self._fetcher.restore(state)
+
+    def _end_epoch(self) -> None:
+        super()._end_epoch()
+        if self._dataset_stateful and not self._map_style:
+            # The dataset has seen the end of its stream (a counter of epochs
+            # moved on, say): that is what the next epoch starts from.
+            progress = self._progress
+            progress.dataset = dataset_state(self._dataset)
+            progress.dataset_step = progress.yielded
+            progress.dataset_ended = True
 
     def _next_data(self) -> Any:
         progress = self._progress
@@ -298,7 +336,7 @@ class SingleProcessIter(BaseIter):
             progress.yielded += 1
             raise
         if snapshot and self._dataset_stateful:
-            progress.dataset = dataset_state(self._dataset)
+            progress.dataset = self._stream_state()
             progress.dataset_step = progress.yielded + 1
         if not self._map_style:
             progress.dataset_ended = self._fetcher.ended  # type: ignore[attr-defined]

@@ -210,7 +210,8 @@ class MultiProcessingIter(BaseIter):
             return
         self._dispatched += 1
         snapshot = None
-        if self._map_style and self._dispatched % self._snapshot_every == 0:
+        every = self._snapshot_every
+        if self._map_style and every and self._dispatched % every == 0:
             snapshot = sampler_state(self._index_sampler)
         worker_id = self._next_worker_for_task()
         task_id = self._adopt(index, worker_id)

@@ -14,10 +14,23 @@ received, never what workers prefetched. It is made of:
   permutation, same position, no index replayed and no sample fetched.
   Samplers without state are fast-forwarded by counting whole batches from
   the start of the epoch, as torchdata does;
-* for iterable datasets with ``state_dict``, the dataset state after each
-  delivered batch, per worker (recorded in the worker right after it fetched
-  that batch), plus the batches to skip since, which worker is next in the
-  round robin, and which workers had run dry;
+* for iterable datasets, the stream's state after each delivered batch, per
+  worker (recorded in the worker right after it fetched that batch), plus
+  the batches to skip since, which worker is next in the round robin, and
+  which workers had run dry. As in torchdata, the stream's state is that of
+  the iterator ``__iter__`` returned when it has ``state_dict`` and
+  ``load_state_dict``, else the dataset's; it is restored after ``iter()``,
+  so a dataset that sets its cursor up in ``__iter__`` keeps the restored
+  one. In the main process a state is also taken when the loader starts an
+  epoch (a state before the first batch holds where the stream starts) and
+  after the stream ran out (the dataset has then seen StopIteration: an
+  epoch counter moved on), which load_state_dict restores at once, as the
+  sampler's;
+* for a map-style dataset with ``state_dict`` loaded in the main process,
+  its state at each snapshot, restored before the next batch;
+* ``snapshot_every_n_steps=0`` takes no snapshot within an epoch: a state
+  then counts the delivered batches from the epoch's start. An empty state
+  (``{}``) loads as "start fresh", as in torchdata;
 * a sampler's state describes where its next iteration starts: once an
   epoch has run out, a new epoch (the generator as it is then). A state
   whose every batch was delivered (the StopIteration not yet seen) resumes

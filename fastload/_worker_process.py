@@ -165,8 +165,6 @@ class _Worker:
         self.fetcher: Any = None
         self.ended = False
         self.snapshot_every: int = config["snapshot_every_n_steps"]
-        self.stateful = (self.kind is DatasetKind.ITERABLE
-                         and callable(getattr(self.dataset, "state_dict", None)))
         self.batches_done = 0
 
     def reply(self, *message: Any) -> None:
@@ -215,9 +213,9 @@ class _Worker:
         """Put this worker's iterable dataset where a checkpoint left it: its
         state, then the batches delivered after that state read and dropped
         (NOTE [ Resume contract ] in fastload._state)."""
-        if progress["state"] is not None:
-            self.dataset.load_state_dict(progress["state"])
         self.new_fetcher()
+        # After iter(), as torchdata does (see IterableDatasetFetcher.restore).
+        self.fetcher.restore(progress["state"])
         index = [None] * self.config["batch_size"] if self.auto_collation else None
         for _ in range(progress["yielded"] - progress["state_step"]):
             try:
@@ -286,9 +284,10 @@ class _Worker:
         fetched = time.perf_counter()
         self.batches_done += 1
         state = None
-        has_state = self.stateful and self.batches_done % self.snapshot_every == 0
+        every = self.snapshot_every
+        has_state = self.fetcher.stateful and every > 0 and self.batches_done % every == 0
         if has_state:
-            state = self.dataset.state_dict()
+            state = self.fetcher.state()
         while True:
             segment_id, offset, capacity = slot
             try:

@@ -24,7 +24,13 @@ from fastload._fetch import DatasetKind
 from fastload._iterator import BaseIter, Progress, SingleProcessIter
 from fastload._multiprocess import MultiProcessingIter
 from fastload._seed import GeneratorArg
-from fastload._state import STATE_VERSION, check_compatible, describe_loader, sampler_state
+from fastload._state import (
+    STATE_VERSION,
+    check_compatible,
+    dataset_state,
+    describe_loader,
+    sampler_state,
+)
 from fastload._stats import LoaderStats
 from fastload._torch import torch_or_none
 from fastload._warnings import warn_at_caller
@@ -132,11 +138,11 @@ class DataLoader(Generic[T_co]):
         if (
             not isinstance(snapshot_every_n_steps, (int, np.integer))
             or isinstance(snapshot_every_n_steps, bool)
-            or snapshot_every_n_steps < 1
+            or snapshot_every_n_steps < 0
         ):
             raise ValueError(
-                "snapshot_every_n_steps should be a positive integer, "
-                f"but got snapshot_every_n_steps={snapshot_every_n_steps!r}"
+                "snapshot_every_n_steps should be a non-negative integer (0: no snapshot "
+                f"within an epoch), but got snapshot_every_n_steps={snapshot_every_n_steps!r}"
             )
 
         self.dataset = dataset
@@ -345,6 +351,8 @@ class DataLoader(Generic[T_co]):
             progress.finished = True
             # The sampler's generator too, seeded now if it was not.
             progress.sampler = sampler_state(self._index_sampler)
+            if self._dataset_kind is DatasetKind.ITERABLE:
+                progress.dataset = dataset_state(self.dataset)
         elif self.num_workers > 0 and not self.in_order:
             raise ValueError(
                 "state_dict() needs in_order=True with worker processes: with "
@@ -374,6 +382,8 @@ class DataLoader(Generic[T_co]):
         ValueError, naming what differs, for a state of a loader with another
         dataset length, batch size, drop_last, or (iterable datasets) number
         of workers."""
+        if not state:
+            return  # torchdata's "start fresh"
         check_compatible(state, self)
         self._resume_state = copy.deepcopy(state)
         if state["finished"] and state["sampler"] is not None:
@@ -383,6 +393,10 @@ class DataLoader(Generic[T_co]):
             # on top, in the order the original run had. A sampler that ran
             # out describes a new epoch next (NOTE [ Resume contract ]).
             self._index_sampler.load_state_dict(self._resume_state["sampler"])
+        if state["finished"] and state["dataset"] is not None and self.num_workers == 0:
+            # Between epochs an iterable dataset is where its last stream
+            # left it; the next iter() starts from there.
+            self.dataset.load_state_dict(self._resume_state["dataset"])  # type: ignore[attr-defined]
 
     def __len__(self) -> int:
         if self._dataset_kind is DatasetKind.ITERABLE:

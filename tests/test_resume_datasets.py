@@ -1,0 +1,181 @@
+"""Checkpoints of datasets with a state of their own, with torchdata's
+semantics (NOTE [ Resume contract ] in fastload._state): the order of calls,
+the end of an epoch, stateful iterators, map-style datasets."""
+import numpy as np
+import pytest
+
+import fastload as fl
+
+
+class Cursor(fl.IterableDataset):
+    """Sets its cursor up in __iter__ and returns itself: the common way to
+    write a resumable stream. Counts its epochs when it runs out."""
+
+    def __init__(self, n=10):
+        self.n, self.i, self.epoch = n, 0, 0
+
+    def __iter__(self):
+        self.i = 0
+        return self
+
+    def __next__(self):
+        if self.i >= self.n:
+            self.epoch += 1
+            raise StopIteration
+        self.i += 1
+        return self.epoch * 100 + self.i - 1
+
+    def state_dict(self):
+        return {"i": self.i, "epoch": self.epoch}
+
+    def load_state_dict(self, state):
+        self.i, self.epoch = state["i"], state["epoch"]
+
+
+class RandomWalk:
+    """An iterator with its own randomness and its own state."""
+
+    def __init__(self, seed, n):
+        self.rng, self.left = np.random.default_rng(seed), n
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.left == 0:
+            raise StopIteration
+        self.left -= 1
+        return int(self.rng.integers(0, 1_000_000))
+
+    def state_dict(self):
+        return {"rng": self.rng.bit_generator.state, "left": self.left}
+
+    def load_state_dict(self, state):
+        self.rng.bit_generator.state, self.left = state["rng"], state["left"]
+
+
+class Walks(fl.IterableDataset):
+    """Stateless itself; each iter() a fresh walk (its seed from the
+    global RNG, so a replay from the start would differ)."""
+
+    iterators_made = 0
+
+    def __iter__(self):
+        type(self).iterators_made += 1
+        return RandomWalk(int(np.random.randint(1 << 30)), 12)
+
+
+def values(batches):
+    return [int(v) for batch in batches for v in batch]
+
+
+def test_an_empty_state_starts_fresh():
+    loader = fl.DataLoader(fl.ArrayDataset(np.arange(8)), batch_size=2)
+    loader.load_state_dict({})
+    assert values(b[0] for b in loader) == list(range(8))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_snapshot_every_zero_resumes_by_counting(workers):
+    def make():
+        return fl.DataLoader(fl.ArrayDataset(np.arange(20)), batch_size=2, shuffle=True,
+                             generator=3, num_workers=workers, snapshot_every_n_steps=0)
+
+    full = [b[0].tolist() for b in make()]
+    loader = make()
+    it = iter(loader)
+    head = [next(it)[0].tolist() for _ in range(4)]
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + [b[0].tolist() for b in resumed] == full
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_cursor_set_up_in_iter_is_restored_after_iter(workers):
+    loader = fl.DataLoader(Cursor(), batch_size=2, num_workers=workers)
+    it = iter(loader)
+    head = values(next(it) for _ in range(2))
+    state = loader.state_dict()
+    resumed = fl.DataLoader(Cursor(), batch_size=2, num_workers=workers)
+    resumed.load_state_dict(state)
+    rest = values(resumed)
+    if workers == 0:
+        assert head + rest == list(range(10))
+    else:  # each worker streams its own replica of the whole dataset
+        assert sorted(head + rest) == sorted(list(range(10)) * 2)
+
+
+def test_the_end_of_an_epoch_is_taken_after_the_dataset_saw_it():
+    dataset = Cursor()
+    loader = fl.DataLoader(dataset, batch_size=5)
+    assert values(loader) == list(range(10))
+    state = loader.state_dict()
+    assert state["dataset"] == {"i": 10, "epoch": 1}
+    resumed = fl.DataLoader(Cursor(), batch_size=5)
+    resumed.load_state_dict(state)
+    assert values(resumed) == list(range(100, 110))  # the next epoch, as uninterrupted
+    assert values(loader) == list(range(100, 110))
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_stateful_iterator_is_checkpointed_itself(workers):
+    np.random.seed(0)
+    loader = fl.DataLoader(Walks(), batch_size=3, num_workers=workers)
+    uninterrupted = values(loader)
+    np.random.seed(0)
+    loader = fl.DataLoader(Walks(), batch_size=3, num_workers=workers)
+    it = iter(loader)
+    head = values(next(it) for _ in range(2))
+    state = loader.state_dict()
+    np.random.seed(12345)  # a replay from the start would draw another walk
+    resumed = fl.DataLoader(Walks(), batch_size=3, num_workers=workers)
+    resumed.load_state_dict(state)
+    assert head + values(resumed) == uninterrupted
+
+
+def test_a_state_before_the_first_batch_holds_the_dataset():
+    dataset = Cursor()
+    dataset.epoch = 3
+    loader = fl.DataLoader(dataset, batch_size=5)
+    before = loader.state_dict()
+    iter(loader)
+    right_after_iter = loader.state_dict()
+    for state in (before, right_after_iter):
+        moved_on = Cursor()
+        moved_on.epoch, moved_on.i = 7, 4
+        resumed = fl.DataLoader(moved_on, batch_size=5)
+        resumed.load_state_dict(state)
+        assert values(resumed) == list(range(300, 310))
+
+
+class Counting(fl.Dataset):
+    """A map-style dataset with a state: how many samples it served."""
+
+    def __init__(self):
+        self.served = 0
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        self.served += 1
+        return np.array([i, self.served])
+
+    def state_dict(self):
+        return {"served": self.served}
+
+    def load_state_dict(self, state):
+        self.served = state["served"]
+
+
+def test_a_map_style_dataset_state_is_saved_and_restored():
+    full = [b.tolist() for b in fl.DataLoader(Counting(), batch_size=3)]
+    loader = fl.DataLoader(Counting(), batch_size=3)
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(2)]
+    state = loader.state_dict()
+    assert state["dataset"] == {"served": 6}
+    resumed = fl.DataLoader(Counting(), batch_size=3)
+    resumed.load_state_dict(state)
+    assert head + [b.tolist() for b in resumed] == full
