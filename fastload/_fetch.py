@@ -136,6 +136,12 @@ class IterableDatasetFetcher(DatasetFetcher):
         source = self._stateful_source
         return None if source is None else source.state_dict()
 
+    def end_state(self) -> Any:
+        """The dataset's own state once its stream ran out (it has seen
+        StopIteration), where the next epoch starts from; None when the
+        stream's state is its iterator's, which the next epoch replaces."""
+        return self.state() if self._stateful_source is self.dataset else None
+
     def restore(self, state: Any) -> None:
         """Put the stream back where ``state()`` was taken: called after
         iter(), as torchdata does, so a dataset that sets its cursor up in

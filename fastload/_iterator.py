@@ -313,7 +313,7 @@ class SingleProcessIter(BaseIter):
             # The dataset has seen the end of its stream (a counter of epochs
             # moved on, say): that is what the next epoch starts from.
             progress = self._progress
-            progress.dataset = dataset_state(self._dataset)
+            progress.dataset = self._fetcher.end_state()  # type: ignore[attr-defined]
             progress.dataset_step = progress.yielded
             progress.dataset_ended = True
 

@@ -103,7 +103,9 @@ class MultiProcessingIter(BaseIter):
     """Loads in worker processes."""
 
     def __init__(self, loader: Any, resume: dict[str, Any] | None,
-                 base_seed: int | None = None) -> None:
+                 base_seed: int | None = None, start_states: list[Any] | None = None) -> None:
+        """``start_states``: each worker's dataset state to start from (a
+        persistent-workers run resumed between epochs)."""
         super().__init__(loader, resume, base_seed)
         self._prefetch = loader.prefetch_factor * loader.num_workers
         self._in_order = loader.in_order
@@ -131,7 +133,8 @@ class MultiProcessingIter(BaseIter):
             progress.next_worker = resume["next_worker"]
         elif not self._map_style:
             progress.workers = [WorkerProgress() for _ in range(loader.num_workers)]
-        self._workers = WorkerGroup(loader, self._base_seed, progress.epoch, progress.workers)
+        self._workers = WorkerGroup(loader, self._base_seed, progress.epoch, progress.workers,
+                                    start_states)
         with self._deaths_reported():
             self._begin_epoch()
 
@@ -439,7 +442,11 @@ class MultiProcessingIter(BaseIter):
                 return task_id
             del self._ready[task_id]
             if self._progress.workers is not None:
-                self._progress.workers[task.worker_id].ended = True
+                worker = self._progress.workers[task.worker_id]
+                # Past its end a stream's state is where the next epoch
+                # starts (None: a new iterator then starts afresh).
+                worker.ended = True
+                worker.state, worker.state_step = task.dataset_state, worker.yielded
 
     def _delivered(self, task: _Task) -> None:
         """Move the progress past the batch being yielded."""
@@ -541,6 +548,7 @@ class MultiProcessingIter(BaseIter):
             self._reslot(task_id, task, message[2])
         elif kind == ENDED:
             del self._tasks[task_id]
+            task.dataset_state = message[2]
             self._active[task.worker_id] = False
             self._ready[task_id] = (task, _ENDED)
             self._dispatch()

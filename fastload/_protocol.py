@@ -37,7 +37,9 @@ Worker -> main process (result ring):
                                    worker keeps the fetched data meanwhile, so
                                    nothing is fetched twice (an iterable
                                    dataset cannot be rewound)
-  (ENDED, task_id)                 an iterable dataset is exhausted
+  (ENDED, task_id, end_state)      an iterable dataset is exhausted; its own
+                                   state then, or None (see
+                                   IterableDatasetFetcher.end_state)
   (FAILED, task_id, WorkerError)   loading the batch raised; the worker goes on
                                    with its next task (task_id INIT_TASK: the
                                    worker failed outside a task and exits)

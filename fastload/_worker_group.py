@@ -153,7 +153,7 @@ class WorkerGroup:
     live: weakref.WeakSet[WorkerGroup] = weakref.WeakSet()
 
     def __init__(self, loader: Any, base_seed: int, epoch: int,
-                 resume: list[Any] | None) -> None:
+                 resume: list[Any] | None, start_states: list[Any] | None = None) -> None:
         context = loader.multiprocessing_context or multiprocessing.get_context()
         _check_children_are_waitable(context)
         self.num_workers: int = loader.num_workers
@@ -194,6 +194,7 @@ class WorkerGroup:
                 "batch_size": loader.batch_size,
                 "snapshot_every_n_steps": loader.snapshot_every_n_steps,
                 "resume": None if resume is None else resume[worker_id].as_dict(),
+                "start_state": None if start_states is None else start_states[worker_id],
             }
             self._start(context, config, initial_segments)
 

@@ -228,6 +228,11 @@ class _Worker:
         self.ended = progress["ended"]
 
     def run(self, resume: dict[str, Any] | None) -> None:
+        start_state = self.config["start_state"]
+        if start_state is not None:
+            # A run resumed between epochs: this replica's dataset is where
+            # the saved run's was when its stream ran out.
+            self.dataset.load_state_dict(start_state)
         if resume is None:
             self.new_fetcher()
         else:
@@ -268,14 +273,14 @@ class _Worker:
 
     def load(self, task_id: int, index: Any, slot: tuple[int, int, int]) -> None:
         if self.ended:
-            self.reply(ENDED, task_id)
+            self.reply(ENDED, task_id, self.fetcher.end_state())
             return
         started = time.perf_counter()
         try:
             write = self.writer.prepare(self.fetcher, index)
         except StopIteration:
             self.ended = True
-            self.reply(ENDED, task_id)
+            self.reply(ENDED, task_id, self.fetcher.end_state())
             return
         except Exception as exc:
             self.batches_done += 1

@@ -276,12 +276,13 @@ class DataLoader(Generic[T_co]):
         return self.batch_sampler if self._auto_collation else self.sampler
 
     def _get_iterator(self, resume: dict[str, Any] | None = None,
-                      base_seed: int | None = None) -> BaseIter:
+                      base_seed: int | None = None,
+                      start_states: list[Any] | None = None) -> BaseIter:
         iterator: BaseIter
         if self.num_workers == 0:
             iterator = SingleProcessIter(self, resume)
         else:
-            iterator = MultiProcessingIter(self, resume, base_seed)
+            iterator = MultiProcessingIter(self, resume, base_seed, start_states)
         self._latest_iterator = weakref.ref(iterator)
         self._latest_stats = iterator._stats
         return iterator
@@ -298,6 +299,7 @@ class DataLoader(Generic[T_co]):
     def __iter__(self) -> BaseIter:
         resume, self._resume_state = self._resume_state, None
         kept_base_seed = None
+        start_states = None
         if resume is not None:
             self._rng = _seed.restored_generator(self._rng, resume["generator"])
             self._epoch = resume["epoch"] + 1 if resume["finished"] else resume["epoch"]
@@ -307,6 +309,10 @@ class DataLoader(Generic[T_co]):
                     # base seed (None if it had no iterator yet), drawing none
                     # from the generator: so must this one.
                     kept_base_seed = resume["base_seed"]
+                    # And its workers' datasets were where their streams
+                    # ended (iterable datasets).
+                    if resume["workers"] is not None:
+                        start_states = [w["state"] for w in resume["workers"]]
                 resume = None  # the sampler was restored by load_state_dict
             if self._iterator is not None:
                 # Persistent workers hold the old position; start afresh.
@@ -322,7 +328,8 @@ class DataLoader(Generic[T_co]):
                 kept_base_seed = self._iterator._base_seed
                 self._iterator = None
             if self._iterator is None:
-                self._iterator = iterator = self._get_iterator(resume, kept_base_seed)
+                self._iterator = iterator = self._get_iterator(resume, kept_base_seed,
+                                                               start_states)
             else:
                 self._iterator._reset(self)
                 iterator = self._iterator

@@ -179,3 +179,36 @@ def test_a_map_style_dataset_state_is_saved_and_restored():
     resumed = fl.DataLoader(Counting(), batch_size=3)
     resumed.load_state_dict(state)
     assert head + [b.tolist() for b in resumed] == full
+
+
+class ShardedCursor(Cursor):
+    """Cursor, each worker streaming its own share."""
+
+    def __iter__(self):
+        info = fl.get_worker_info()
+        self.i = 0 if info is None else info.id
+        self.step = 1 if info is None else info.num_workers
+        return self
+
+    def __next__(self):
+        if self.i >= self.n:
+            self.epoch += 1
+            raise StopIteration
+        self.i += self.step
+        return self.epoch * 100 + self.i - self.step
+
+
+def test_persistent_workers_resumed_between_epochs_start_where_their_streams_ended():
+    def make():
+        return fl.DataLoader(ShardedCursor(), batch_size=2, num_workers=2,
+                             persistent_workers=True)
+
+    uninterrupted = make()
+    epochs = [sorted(values(uninterrupted)) for _ in range(2)]
+    assert epochs[1] == list(range(100, 110))  # each replica counted its epoch
+    saved = make()
+    sorted(values(saved))
+    state = saved.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert sorted(values(resumed)) == epochs[1]
