@@ -62,6 +62,23 @@ class Progress:
         self.dataset_ended = False
         self.workers: list[WorkerProgress] | None = None
         self.next_worker = 0
+        # in_order=False: positions delivered past the first one missing,
+        # each with the sampler's state recorded when it was drawn (or None).
+        # ``yielded`` then counts the contiguous prefix only.
+        self.beyond: dict[int, Any] = {}
+
+    def deliver(self, position: int, sampler_state: Any) -> None:
+        """Batch ``position`` of the epoch was delivered (map-style)."""
+        if position != self.yielded:
+            self.beyond[position] = sampler_state
+            return
+        while True:
+            self.yielded += 1
+            if sampler_state is not None:
+                self.sampler, self.sampler_step = sampler_state, self.yielded
+            if self.yielded not in self.beyond:
+                return
+            sampler_state = self.beyond.pop(self.yielded)
 
 
 def _length_or_none(sampler: Any) -> float:
@@ -154,6 +171,9 @@ class BaseIter:
             self._progress.sampler = sampler_state(self._index_sampler)
         else:
             self._progress = self._resume(resume)
+        # Batches an in_order=False loader delivered past its first missing
+        # one before the checkpoint: drawn from the sampler, never loaded.
+        self._skip = frozenset(self._progress.beyond)
         self._base_seed = self._progress.base_seed
         loader._progress = self._progress
 
@@ -163,6 +183,9 @@ class BaseIter:
         delivered after it skipped by counting, without fetching them."""
         progress = Progress(state["epoch"], state["base_seed"])
         progress.yielded = state["yielded"]
+        progress.beyond = dict.fromkeys(
+            position for start, stop in state.get("delivered_beyond", ())
+            for position in range(start, stop))
         progress.sampler, progress.sampler_step = state["sampler"], state["sampler_step"]
         skip = progress.yielded
         if progress.sampler is not None:
@@ -183,6 +206,7 @@ class BaseIter:
 
     def _reset(self, loader: Any) -> None:
         """Start a new epoch on this iterator (persistent workers)."""
+        self._skip = frozenset()
         self._sampler_iter = iter(self._index_sampler)
         self._progress = Progress(loader._epoch, self._base_seed)
         self._progress.sampler = sampler_state(self._index_sampler)
@@ -258,6 +282,7 @@ class SingleProcessIter(BaseIter):
                 "loading in the main process cannot time out"
             )
         self._pin_torch = pin_target(loader)
+        self._drawn = self._progress.yielded  # epoch positions drawn so far
         self._fetcher = create_fetcher(
             self._dataset_kind,
             self._dataset,
@@ -320,6 +345,10 @@ class SingleProcessIter(BaseIter):
     def _next_data(self) -> Any:
         progress = self._progress
         index = next(self._sampler_iter)
+        self._drawn += 1
+        while self._drawn - 1 in self._skip:
+            index = next(self._sampler_iter)
+            self._drawn += 1
         snapshot = self._snapshot_due()
         if snapshot and self._map_style:
             progress.sampler = sampler_state(self._index_sampler)
@@ -333,14 +362,14 @@ class SingleProcessIter(BaseIter):
         except Exception:
             # The batch is delivered as its exception; the epoch goes on
             # after it, whichever iterator loads (NOTE [ Fast paths ]).
-            progress.yielded += 1
+            progress.deliver(progress.yielded, None)
             raise
         if snapshot and self._dataset_stateful:
             progress.dataset = self._stream_state()
             progress.dataset_step = progress.yielded + 1
         if not self._map_style:
             progress.dataset_ended = self._fetcher.ended  # type: ignore[attr-defined]
-        progress.yielded += 1
+        progress.deliver(progress.yielded, None)
         if self._pin_torch is not None:
             data = pin_batch(self._pin_torch, data)
         return self._convert(data)

@@ -205,6 +205,10 @@ class MultiProcessingIter(BaseIter):
             return
         try:
             index = next(self._sampler_iter)
+            # Delivered before the checkpoint (see BaseIter._skip).
+            while self._dispatched in self._skip:
+                self._dispatched += 1
+                index = next(self._sampler_iter)
         except StopIteration:
             self._sampler_done = True
             self._drop_carried()
@@ -451,10 +455,10 @@ class MultiProcessingIter(BaseIter):
     def _delivered(self, task: _Task) -> None:
         """Move the progress past the batch being yielded."""
         progress = self._progress
-        progress.yielded += 1
-        if task.sampler_state is not None:
-            progress.sampler, progress.sampler_step = task.sampler_state, progress.yielded
-        if progress.workers is not None:
+        if progress.workers is None:
+            progress.deliver(task.position, task.sampler_state)  # type: ignore[arg-type]
+        else:
+            progress.yielded += 1
             worker = progress.workers[task.worker_id]
             worker.yielded += 1
             if task.has_dataset_state:

@@ -28,6 +28,12 @@ received, never what workers prefetched. It is made of:
   sampler's;
 * for a map-style dataset with ``state_dict`` loaded in the main process,
   its state at each snapshot, restored before the next batch;
+* with ``in_order=False`` (map-style), batches are delivered out of order:
+  the delivered count is the contiguous prefix of the epoch, and the
+  positions delivered past it are kept as [start, stop) runs
+  (``delivered_beyond``). A resumed loader, with any number of workers,
+  draws those positions from the sampler and loads none of them, so every
+  batch of the epoch is delivered exactly once;
 * ``snapshot_every_n_steps=0`` takes no snapshot within an epoch: a state
   then counts the delivered batches from the epoch's start. An empty state
   (``{}``) loads as "start fresh", as in torchdata;

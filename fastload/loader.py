@@ -49,6 +49,17 @@ _OUTPUTS = ("numpy", "torch")
 _FROZEN = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
 
 
+def _ranges(positions: Iterable[int]) -> list[list[int]]:
+    """Sorted positions as [start, stop) runs: a checkpoint stays small."""
+    runs: list[list[int]] = []
+    for position in sorted(positions):
+        if runs and runs[-1][1] == position:
+            runs[-1][1] += 1
+        else:
+            runs.append([position, position + 1])
+    return runs
+
+
 class _InfiniteConstantSampler(Sampler[None]):
     """The sampler of an iterable dataset: the dataset decides what comes
     next, so the sampler only says "one more", forever."""
@@ -360,16 +371,20 @@ class DataLoader(Generic[T_co]):
             progress.sampler = sampler_state(self._index_sampler)
             if self._dataset_kind is DatasetKind.ITERABLE:
                 progress.dataset = dataset_state(self.dataset)
-        elif self.num_workers > 0 and not self.in_order:
+        elif (self.num_workers > 0 and not self.in_order
+              and self._dataset_kind is DatasetKind.ITERABLE):
             raise ValueError(
-                "state_dict() needs in_order=True with worker processes: with "
-                "in_order=False the batches delivered are not a prefix of the epoch")
+                "state_dict() of an iterable dataset needs in_order=True with worker "
+                "processes: with in_order=False each worker's stream position is not "
+                "a prefix of what it loaded")
         return {
             "version": STATE_VERSION,
             "settings": describe_loader(self),
             "epoch": progress.epoch,
             "base_seed": base_seed,
             "yielded": progress.yielded,
+            # in_order=False: batches delivered past the first one missing.
+            "delivered_beyond": _ranges(progress.beyond),
             "finished": progress.finished,
             "sampler": progress.sampler,
             "sampler_step": progress.sampler_step,
