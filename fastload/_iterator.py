@@ -89,6 +89,16 @@ def _length_or_none(sampler: Any) -> float:
         return float("inf")
 
 
+def _continues_an_epoch(sampler: Any) -> bool:
+    """Whether a sampler restored from a state continues that state's epoch
+    at its next iteration rather than starting a new one: fastload's
+    samplers (under a BatchSampler too) keep that pending in ``_resume``;
+    others are not known to."""
+    while not hasattr(sampler, "_resume") and hasattr(sampler, "sampler"):
+        sampler = sampler.sampler
+    return getattr(sampler, "_resume", None) is not None
+
+
 def pin_target(loader: Any) -> Any:
     """torch when batches can and should be pinned, else None (with torch's
     warnings when pinning was asked for but cannot happen)."""
@@ -194,8 +204,12 @@ class BaseIter:
         self._sampler_iter = iter(self._index_sampler)
         if self._map_style:
             if progress.yielded >= _length_or_none(self._index_sampler):
-                # Every batch was delivered, only the StopIteration was not;
-                # the sampler's state already says "a new epoch next".
+                # Every batch was delivered, only the StopIteration was not.
+                # A sampler still inside that epoch runs out of its (empty)
+                # remainder now, so that its next iteration is a new epoch.
+                if progress.sampler is not None and _continues_an_epoch(self._index_sampler):
+                    for _ in self._sampler_iter:
+                        pass
                 self._sampler_iter = iter(())
             for _ in range(skip):
                 next(self._sampler_iter, None)
