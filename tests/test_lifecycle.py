@@ -321,3 +321,38 @@ def test_in_order_false_routes_work_away_from_a_stalled_worker():
     # Only the batch queued behind the slow one before it stalled may wait
     # for it (as in torch); everything else goes to the idle worker.
     assert len(delivered) - 1 - delivered.index(0) <= 1, delivered
+
+
+class Recorder:
+    """A resource whose release is recorded; ``fail`` makes a call raise."""
+
+    def __init__(self, log, name, fail=None):
+        self.log, self.name, self.fail = log, name, fail
+        self.exitcode = 0
+
+    def _call(self, what, exc=KeyboardInterrupt):
+        self.log.append(f"{self.name}.{what}")
+        if self.fail == what:
+            raise exc(f"{self.name}.{what} interrupted")
+
+    def close(self):
+        self._call("close")
+
+    def join(self, timeout=None):
+        self._call("join")
+
+
+STEPS = ["task.close", "result.close", "worker.join", "worker.close", "socket.close"]
+
+
+@pytest.mark.parametrize("interrupted", STEPS)
+def test_an_interrupted_shutdown_step_keeps_the_others(interrupted):
+    from fastload._worker_group import _shutdown
+
+    log = []
+    name, what = interrupted.split(".")
+    make = lambda n: Recorder(log, n, what if n == name else None)  # noqa: E731
+    with pytest.raises(KeyboardInterrupt, match=interrupted):
+        _shutdown([make("worker")], [make("task")], [make("result")], [make("socket")],
+                  doorbell=None, sigchld=False)
+    assert set(STEPS) <= set(log)  # every release ran, the interrupted one too
