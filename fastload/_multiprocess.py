@@ -16,7 +16,6 @@ fastload_c/src/fl_proc.h): a result wakes it, and so does a worker's death.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import itertools
 import pickle
@@ -31,6 +30,7 @@ from fastload._lookahead import next_epoch_head
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, LARGE, NEED, RESLOT
 from fastload._state import sampler_state
 from fastload._stats import LoaderStats, WorkerStats
+from fastload._task_table import STREAM_ENDED, Failure, Task, TaskTable
 from fastload._worker_group import WorkerGroup, WorkerGroupDied, describe_exit
 from fastload._worker_process import WorkerError
 from fastload.errors import ShmError, WorkerDiedError
@@ -42,26 +42,6 @@ from fastload_c import pack
 # in case a library replaced the handler after the workers started.
 DEATH_POLL_SECONDS = 0.05
 SIGCHLD_SAFETY_SECONDS = 1.0
-
-
-class _Task:
-    __slots__ = ("worker_id", "index", "lease", "position", "sampler_state", "dataset_state",
-                 "has_dataset_state", "dataset_ended")
-
-    def __init__(self, worker_id: int, index: Any, lease: Any, position: int | None,
-                 sampler_state: Any) -> None:
-        self.worker_id = worker_id
-        self.index = index
-        self.lease = lease
-        # The batch's place in its epoch (None: a lookahead task not adopted yet).
-        self.position = position
-        # When this batch is a snapshot step (NOTE [ Resume contract ]): the
-        # index sampler's state right after its indices were drawn, and the
-        # iterable dataset's state in its worker right after it was fetched.
-        self.sampler_state = sampler_state
-        self.dataset_state: Any = None
-        self.has_dataset_state = False
-        self.dataset_ended = False
 
 
 class _Lookahead:
@@ -77,16 +57,6 @@ class _Lookahead:
         self.workers = itertools.cycle(range(num_workers))
         # (task id, index, worker id) of each task dispatched, in order.
         self.tasks: deque[tuple[int, Any, int]] = deque()
-
-
-class _Failure:
-    """A worker's exception in place of its batch: raised when the batch
-    is due, as torch does, so the batches before it are delivered first."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: WorkerError) -> None:
-        self.error = error
 
 
 def _slot_of(lease: Any) -> tuple[int, int, int]:
@@ -109,13 +79,7 @@ class MultiProcessingIter(BaseIter):
         super().__init__(loader, resume, base_seed)
         self._prefetch = loader.prefetch_factor * loader.num_workers
         self._in_order = loader.in_order
-        self._task_ids = itertools.count()
-        # Tasks of an abandoned epoch still running in persistent workers:
-        # their slots stay leased until the worker answers (a worker may
-        # still be writing into them).
-        self._stale: dict[int, _Task] = {}
-        self._tasks: dict[int, _Task] = {}
-        self._ready: dict[int, tuple[_Task, Any]] = {}
+        self._table = TaskTable()  # NOTE [ Task lifecycle ]
         self._may_look_ahead = loader.persistent_workers and self._map_style
         self._lookahead: _Lookahead | None = None
         # A finished lookahead's tasks, waiting for the new epoch to adopt them.
@@ -158,7 +122,7 @@ class MultiProcessingIter(BaseIter):
     def _begin_epoch(self) -> None:
         progress = self._progress
         workers = self._workers.num_workers
-        self._order: list[int] = []  # task ids in dispatch order, not yet yielded
+        self._table.order = []
         # The round robin starts after the worker of the last delivered batch,
         # so a resumed iterable dataset interleaves as it would have.
         order = [(progress.next_worker + i) % workers for i in range(workers)]
@@ -183,13 +147,14 @@ class MultiProcessingIter(BaseIter):
         else:
             lookahead, self._carried = None, deque()
         carried = {task_id for task_id, _, _ in self._carried}
-        self._abandon([t for t in (*self._tasks, *self._ready) if t not in carried])
+        table = self._table
+        table.abandon([t for t in (*table.in_flight, *table.ready) if t not in carried])
         with self._deaths_reported():
             # Abandoned tasks hold their slots until their worker answers:
             # wait for all but one epoch's worth, so that iter() after iter()
             # without next() cannot grow the pool (or the rings) for ever.
             self._drain(defer_needs=False)
-            while len(self._stale) > self._prefetch:
+            while len(self._table.stale) > self._prefetch:
                 self._pump(self._deadline())
             if lookahead is None:
                 self._workers.reset(epoch)  # a lookahead sent this already
@@ -227,10 +192,11 @@ class MultiProcessingIter(BaseIter):
             lease = self._workers.pool.acquire() or self._acquire_at_cap()
             task_id = self._send_task(worker_id, index, lease, position, snapshot)
         else:
-            task = self._tasks.get(task_id) or self._ready[task_id][0]
+            task = self._table.get(task_id)
+            assert task is not None  # carried tasks are in flight or ready
             task.sampler_state = snapshot
             task.position = position
-        self._order.append(task_id)
+        self._table.order.append(task_id)
 
     def _next_worker_for_task(self) -> int:
         """The next active worker in the round robin. With in_order=False
@@ -243,7 +209,7 @@ class MultiProcessingIter(BaseIter):
         if self._in_order or not self._map_style:
             return worker_id
         share = self._prefetch // self._workers.num_workers
-        in_flight = collections.Counter(task.worker_id for task in self._tasks.values())
+        in_flight = self._table.in_flight_per_worker()
         for _ in range(self._workers.num_workers):
             if in_flight[worker_id] < share:
                 break
@@ -252,8 +218,8 @@ class MultiProcessingIter(BaseIter):
 
     def _send_task(self, worker_id: int, index: Any, lease: Any, position: int | None,
                    snapshot: Any) -> int:
-        task_id = next(self._task_ids)
-        task = self._tasks[task_id] = _Task(worker_id, index, lease, position, snapshot)
+        task = Task(worker_id, index, lease, position, snapshot)
+        task_id = self._table.add(task)
 
         def place_index(index_bytes: bytes) -> tuple[int, int, int]:
             # An index too large for a record starts the task's slot.
@@ -310,18 +276,8 @@ class MultiProcessingIter(BaseIter):
 
     def _drop_carried(self) -> None:
         """Give up the carried lookahead tasks."""
-        self._abandon([task_id for task_id, _, _ in self._carried])
+        self._table.abandon([task_id for task_id, _, _ in self._carried])
         self._carried.clear()
-
-    def _abandon(self, task_ids: list[int]) -> None:
-        """Give up tasks: those in flight become stale (their slots stay
-        leased until the worker answers), batches loaded and never yielded
-        are dropped (their slots come back)."""
-        for task_id in task_ids:
-            task = self._tasks.pop(task_id, None)
-            if task is not None:
-                self._stale[task_id] = task
-            self._ready.pop(task_id, None)
 
     def _acquire_at_cap(self) -> Any:
         """A slot when the pool may not grow: from now on batches are copied
@@ -329,7 +285,7 @@ class MultiProcessingIter(BaseIter):
         self._copy_out = True
         deadline = self._deadline()
         while True:
-            if not self._tasks:
+            if not self._table.in_flight:
                 pool = self._workers.pool
                 raise ShmError(
                     f"every slot of the loader's shared memory ({pool.nbytes} bytes, "
@@ -378,10 +334,10 @@ class MultiProcessingIter(BaseIter):
         deadline = self._deadline()
         self._settle()
         while True:
-            task_id = self._next_ready()
-            if task_id is not None:
-                task, batch = self._ready.pop(task_id)
-                if not isinstance(batch, _Failure) and not self._keeps_slot():
+            next_ready = self._next_ready()
+            if next_ready is not None:
+                task, batch = next_ready
+                if not isinstance(batch, Failure) and not self._keeps_slot():
                     # The user gets a private copy; the slot comes back now
                     # (the worker is done with it).
                     batch = _copy_out(batch)
@@ -393,16 +349,17 @@ class MultiProcessingIter(BaseIter):
                     self._dispatch()
                 else:
                     self._owed += 1  # growing the pool can wait for the next call
-                if isinstance(batch, _Failure):
+                if isinstance(batch, Failure):
                     batch.error.reraise(self._workers.pids[batch.error.worker_id])
                 if self._pin_custom and hasattr(batch, "pin_memory"):
                     batch = batch.pin_memory()  # the slots themselves are pinned
                 return self._convert(batch)
-            if not self._order:
+            table = self._table
+            if not table.order:
                 if not self._persistent_workers:
                     self._stop()
                 raise StopIteration
-            awaited = self._tasks.get(self._order[0]) if self._in_order else None
+            awaited = table.in_flight.get(table.order[0]) if self._in_order else None
             self._settle(awaited.worker_id if awaited is not None else None)
             self._pump(deadline, defer_needs=True)
 
@@ -417,7 +374,7 @@ class MultiProcessingIter(BaseIter):
         pool = self._workers.pool
         needs, self._needs = self._needs, []
         for message in needs:
-            task = self._tasks.get(message[1]) or self._stale.get(message[1])
+            task = self._table.in_flight.get(message[1]) or self._table.stale.get(message[1])
             if (awaited_worker is None or task is None or task.worker_id == awaited_worker
                     or (message[2] <= pool.slot_size and pool.free_slots)):
                 self._handle(message)
@@ -428,23 +385,17 @@ class MultiProcessingIter(BaseIter):
                 self._owed -= 1
                 self._dispatch()
 
-    def _next_ready(self) -> int | None:
-        """The next task whose batch can be yielded, in order (or as ready
-        with in_order=False); tasks an exhausted iterable ended are passed."""
+    def _next_ready(self) -> tuple[Task, Any] | None:
+        """The next task whose batch (or failure) can be yielded, in order
+        (or as ready with in_order=False); tasks an exhausted iterable ended
+        are passed."""
         while True:
-            if self._in_order:
-                ready = bool(self._order) and self._order[0] in self._ready
-                position = 0
-            else:
-                position = next((i for i, t in enumerate(self._order) if t in self._ready), -1)
-                ready = position >= 0
-            if not ready:
+            found = self._table.pop_next(self._in_order)
+            if found is None:
                 return None
-            task_id = self._order.pop(position)
-            task, batch = self._ready[task_id]
-            if batch is not _ENDED:
-                return task_id
-            del self._ready[task_id]
+            _, task, batch = found
+            if batch is not STREAM_ENDED:
+                return task, batch
             if self._progress.workers is not None:
                 worker = self._progress.workers[task.worker_id]
                 # Past its end a stream's state is where the next epoch
@@ -452,7 +403,7 @@ class MultiProcessingIter(BaseIter):
                 worker.ended = True
                 worker.state, worker.state_step = task.dataset_state, worker.yielded
 
-    def _delivered(self, task: _Task) -> None:
+    def _delivered(self, task: Task) -> None:
         """Move the progress past the batch being yielded."""
         progress = self._progress
         if progress.workers is None:
@@ -516,7 +467,7 @@ class MultiProcessingIter(BaseIter):
     def _raise_worker_died(self, worker_id: int, process: Any) -> NoReturn:
         """The epoch ends here, as in torch; a persistent loader starts a
         fresh worker group at its next iter() (see ``reusable``)."""
-        held = [task for _, task in sorted(self._tasks.items())
+        held = [task for _, task in sorted(self._table.in_flight.items())
                 if task.worker_id == worker_id and task.position is not None]
         task = held[0] if held else None
         what = ("while idle" if task is None
@@ -536,29 +487,27 @@ class MultiProcessingIter(BaseIter):
 
     def _handle(self, message: tuple[Any, ...]) -> None:
         kind, task_id = message[0], message[1]
-        task = self._tasks.get(task_id)
+        table = self._table
+        task = table.in_flight.get(task_id)
         if kind == FAILED and task_id == INIT_TASK:
             self._raise_setup_failure(message[2])
         if task is None:
             self._handle_stale(kind, task_id, message)
             return
         if kind == DONE:
-            del self._tasks[task_id]
-            self._ready[task_id] = (task, self._deliver(task, message[2]))
+            table.finish(task_id, self._deliver(task, message[2]))
             self._stats.workers[task.worker_id].add(message[3], message[4])
             task.has_dataset_state, task.dataset_state = message[5], message[6]
             task.dataset_ended = message[7]
         elif kind == NEED:
             self._reslot(task_id, task, message[2])
         elif kind == ENDED:
-            del self._tasks[task_id]
             task.dataset_state = message[2]
+            table.finish(task_id, STREAM_ENDED)
             self._active[task.worker_id] = False
-            self._ready[task_id] = (task, _ENDED)
             self._dispatch()
         elif kind == FAILED:
-            del self._tasks[task_id]
-            self._ready[task_id] = (task, _Failure(message[2]))
+            table.finish(task_id, Failure(message[2]))
 
     def _raise_setup_failure(self, error: WorkerError) -> None:
         """A worker's failure outside a task (worker_init_fn, its task loop),
@@ -568,7 +517,7 @@ class MultiProcessingIter(BaseIter):
         self._stop()
         error.reraise(pid)
 
-    def _reslot(self, task_id: int, task: _Task, nbytes: int) -> None:
+    def _reslot(self, task_id: int, task: Task, nbytes: int) -> None:
         pool = self._workers.pool
         if pool.max_bytes and nbytes > pool.max_bytes:
             # No slot will ever hold it: the worker fails that batch instead.
@@ -578,15 +527,14 @@ class MultiProcessingIter(BaseIter):
         self._workers.send(task.worker_id, (RESLOT, task_id, _slot_of(task.lease), 0))
 
     def _handle_stale(self, kind: int, task_id: int, message: tuple[Any, ...]) -> None:
-        task = self._stale.get(task_id)
-        if task is None:
-            return
         if kind == NEED:
-            self._reslot(task_id, task, message[2])  # the worker waits for it
+            task = self._table.stale.get(task_id)
+            if task is not None:
+                self._reslot(task_id, task, message[2])  # the worker waits for it
         else:
-            del self._stale[task_id]
+            self._table.answered_stale(task_id)
 
-    def _deliver(self, task: _Task, layout: bytes) -> Any:
+    def _deliver(self, task: Task, layout: bytes) -> Any:
         return pack.unpack(task.lease, layout)
 
     def _keeps_slot(self) -> bool:
@@ -599,5 +547,3 @@ class MultiProcessingIter(BaseIter):
                               and pool.max_bytes - pool.nbytes < pool.slot_size)
         return not self._copy_out
 
-
-_ENDED = object()

@@ -1,0 +1,132 @@
+"""The tasks of a worker iterator and the states they go through.
+
+NOTE [ Task lifecycle ]
+
+A task is one batch being loaded by one worker (``Task``). The iterator
+(``fastload._multiprocess``) owns every task in exactly one of these states,
+kept by ``TaskTable``:
+
+  in flight   sent to its worker, no answer yet. The iterator holds the
+              task's slot lease: the worker may be writing into it.
+  ready       the worker answered: the batch (views of the slot), the
+              exception it raised (``Failure``) or ``STREAM_ENDED`` (its iterable
+              stream ran out). The slot lease moves into the batch.
+  stale       in flight, but of an epoch given up (``iter()`` again before
+              the end, a lookahead guess that was wrong): its answer is
+              awaited only to release the slot, never delivered.
+  (gone)      yielded to the user, raised, passed (STREAM_ENDED), or a stale
+              task's answer arrived.
+
+Who moves a task: the dispatch creates it in flight (``add``) and, for a
+batch of the current epoch, appends it to the epoch's ``order``; a
+worker's answer makes it ready (``finish``) or, if stale, gone
+(``answered_stale``); ``pop_next`` takes the next deliverable ready task
+in dispatch order (or any ready one with ``in_order=False``); ``abandon``
+turns in-flight tasks stale and drops ready ones (their slots come back at
+once). A lookahead task is in flight or ready without being in ``order``
+until the new epoch adopts it (NOTE [ Epoch lookahead ]).
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+from typing import Any
+
+
+class Task:
+    """One batch a worker loads (see NOTE [ Task lifecycle ])."""
+
+    __slots__ = ("worker_id", "index", "lease", "position", "sampler_state", "dataset_state",
+                 "has_dataset_state", "dataset_ended")
+
+    def __init__(self, worker_id: int, index: Any, lease: Any, position: int | None,
+                 sampler_state: Any) -> None:
+        self.worker_id = worker_id
+        self.index = index
+        self.lease = lease
+        # The batch's place in its epoch (None: a lookahead task not adopted yet).
+        self.position = position
+        # When this batch is a snapshot step (NOTE [ Resume contract ]): the
+        # index sampler's state right after its indices were drawn, and the
+        # iterable dataset's state in its worker right after it was fetched
+        # (or, for ENDED, where its stream ended).
+        self.sampler_state = sampler_state
+        self.dataset_state: Any = None
+        self.has_dataset_state = False
+        self.dataset_ended = False
+
+
+class Failure:
+    """A worker's exception in place of its batch: raised when the batch
+    is due, as torch does, so the batches before it are delivered first."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Any) -> None:
+        self.error = error
+
+
+# The result of a task whose iterable stream had run out: no batch.
+STREAM_ENDED = object()
+
+
+class TaskTable:
+    """Every task of one iterator, each in one state (NOTE [ Task lifecycle ])."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count()
+        self.in_flight: dict[int, Task] = {}
+        self.ready: dict[int, tuple[Task, Any]] = {}
+        self.stale: dict[int, Task] = {}
+        # The current epoch's tasks in dispatch order, not yet delivered.
+        self.order: list[int] = []
+
+    def add(self, task: Task) -> int:
+        """A new task, in flight; its id."""
+        task_id = next(self._ids)
+        self.in_flight[task_id] = task
+        return task_id
+
+    def get(self, task_id: int) -> Task | None:
+        """The task in flight or ready under ``task_id``, if any."""
+        task = self.in_flight.get(task_id)
+        if task is None and task_id in self.ready:
+            task = self.ready[task_id][0]
+        return task
+
+    def finish(self, task_id: int, result: Any) -> Task:
+        """The worker answered task ``task_id`` (in flight) with ``result``."""
+        task = self.in_flight.pop(task_id)
+        self.ready[task_id] = (task, result)
+        return task
+
+    def answered_stale(self, task_id: int) -> Task | None:
+        """A stale task's worker answered: the task is gone (its lease with it)."""
+        return self.stale.pop(task_id, None)
+
+    def pop_next(self, in_order: bool) -> tuple[int, Task, Any] | None:
+        """The next ready task of the epoch, removed: the first in dispatch
+        order, or with ``in_order=False`` the first of the order that is
+        ready; None when that one (or every one) is still in flight."""
+        order = self.order
+        if in_order:
+            position = 0 if order and order[0] in self.ready else -1
+        else:
+            position = next((i for i, t in enumerate(order) if t in self.ready), -1)
+        if position < 0:
+            return None
+        task_id = order.pop(position)
+        task, result = self.ready.pop(task_id)
+        return task_id, task, result
+
+    def abandon(self, task_ids: list[int]) -> None:
+        """Give tasks up: those in flight become stale (their slots stay
+        leased until the worker answers), ready ones are dropped."""
+        for task_id in task_ids:
+            task = self.in_flight.pop(task_id, None)
+            if task is not None:
+                self.stale[task_id] = task
+            self.ready.pop(task_id, None)
+
+    def in_flight_per_worker(self) -> collections.Counter[int]:
+        return collections.Counter(task.worker_id for task in self.in_flight.values())

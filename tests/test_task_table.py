@@ -1,0 +1,48 @@
+"""The task table alone, without processes (NOTE [ Task lifecycle ])."""
+from fastload._task_table import STREAM_ENDED, Failure, Task, TaskTable
+
+
+def task(worker, position):
+    return Task(worker, [position], lease=f"slot{position}", position=position,
+                sampler_state=None)
+
+
+def table_with(count, workers=2):
+    table = TaskTable()
+    ids = [table.add(task(i % workers, i)) for i in range(count)]
+    table.order.extend(ids)
+    return table, ids
+
+
+def test_in_order_waits_for_the_first_task_of_the_epoch():
+    table, ids = table_with(3)
+    table.finish(ids[1], "batch 1")
+    assert table.pop_next(in_order=True) is None
+    table.finish(ids[0], "batch 0")
+    assert table.pop_next(in_order=True)[2] == "batch 0"
+    assert table.pop_next(in_order=True)[2] == "batch 1"
+    assert table.pop_next(in_order=True) is None and table.order == [ids[2]]
+
+
+def test_out_of_order_takes_the_first_ready_one():
+    table, ids = table_with(3)
+    table.finish(ids[2], Failure("an exception"))
+    table.finish(ids[1], STREAM_ENDED)
+    assert [table.pop_next(in_order=False)[0] for _ in range(2)] == [ids[1], ids[2]]
+    assert table.pop_next(in_order=False) is None
+
+
+def test_abandoned_tasks_go_stale_or_are_dropped():
+    table, ids = table_with(3)
+    table.finish(ids[0], "batch 0")
+    table.abandon(ids[:2])
+    assert set(table.stale) == {ids[1]} and ids[0] not in table.ready
+    assert table.get(ids[1]) is None  # stale tasks are not the epoch's
+    assert table.answered_stale(ids[1]).lease == "slot1" and not table.stale
+    assert table.answered_stale(ids[1]) is None
+
+
+def test_tasks_in_flight_per_worker():
+    table, ids = table_with(5, workers=2)
+    table.finish(ids[0], "batch 0")
+    assert table.in_flight_per_worker() == {0: 2, 1: 2}
