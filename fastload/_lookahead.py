@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -127,3 +128,45 @@ def _global_rngs_kept() -> Iterator[None]:
         np.random.set_state(numpy_state)
         if torch is not None:
             torch.random.set_rng_state(torch_state)
+
+
+class LookaheadTasks:
+    """The next epoch's first tasks, dispatched before its iter()."""
+
+    __slots__ = ("epoch", "indices", "workers", "tasks")
+
+    def __init__(self, epoch: int, indices: list[Any], num_workers: int) -> None:
+        self.epoch = epoch
+        self.indices = deque(indices)  # not dispatched yet
+        # The round robin a new map-style epoch starts (see _begin_epoch).
+        self.workers = itertools.cycle(range(num_workers))
+        # (task id, index, worker id) of each task dispatched, in order.
+        self.tasks: deque[tuple[int, Any, int]] = deque()
+
+
+class CarriedTasks:
+    """A finished lookahead's tasks, waiting for the new epoch to adopt
+    them in order; the first wrong guess drops the rest."""
+
+    def __init__(self, tasks: deque[tuple[int, Any, int]] | None = None) -> None:
+        self._tasks = tasks if tasks is not None else deque()
+
+    def ids(self) -> set[int]:
+        return {task_id for task_id, _, _ in self._tasks}
+
+    def adopt(self, index: Any, worker_id: int) -> tuple[int | None, list[int]]:
+        """(the task that loads ``index`` on ``worker_id`` at this position
+        of the epoch, if the guess was right; the tasks given up, if not)."""
+        if not self._tasks:
+            return None, []
+        task_id, guessed_index, guessed_worker = self._tasks[0]
+        if guessed_worker == worker_id and guessed_index == index:
+            self._tasks.popleft()
+            return task_id, []
+        return None, self.drop()
+
+    def drop(self) -> list[int]:
+        """Give every carried task up; their ids."""
+        dropped = [task_id for task_id, _, _ in self._tasks]
+        self._tasks.clear()
+        return dropped

@@ -20,13 +20,12 @@ import contextlib
 import itertools
 import pickle
 import time
-from collections import deque
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from fastload import _protocol
 from fastload._iterator import BaseIter, WorkerProgress
-from fastload._lookahead import next_epoch_head
+from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, LARGE, NEED, RESLOT
 from fastload._state import sampler_state
 from fastload._stats import LoaderStats, WorkerStats
@@ -42,21 +41,6 @@ from fastload_c import pack
 # in case a library replaced the handler after the workers started.
 DEATH_POLL_SECONDS = 0.05
 SIGCHLD_SAFETY_SECONDS = 1.0
-
-
-class _Lookahead:
-    """The next epoch's first tasks, dispatched before its iter()
-    (NOTE [ Epoch lookahead ] in fastload._lookahead)."""
-
-    __slots__ = ("epoch", "indices", "workers", "tasks")
-
-    def __init__(self, epoch: int, indices: list[Any], num_workers: int) -> None:
-        self.epoch = epoch
-        self.indices = deque(indices)  # not dispatched yet
-        # The round robin a new map-style epoch starts (see _begin_epoch).
-        self.workers = itertools.cycle(range(num_workers))
-        # (task id, index, worker id) of each task dispatched, in order.
-        self.tasks: deque[tuple[int, Any, int]] = deque()
 
 
 def _slot_of(lease: Any) -> tuple[int, int, int]:
@@ -81,9 +65,8 @@ class MultiProcessingIter(BaseIter):
         self._in_order = loader.in_order
         self._table = TaskTable()  # NOTE [ Task lifecycle ]
         self._may_look_ahead = loader.persistent_workers and self._map_style
-        self._lookahead: _Lookahead | None = None
-        # A finished lookahead's tasks, waiting for the new epoch to adopt them.
-        self._carried: deque[tuple[int, Any, int]] = deque()
+        self._lookahead: LookaheadTasks | None = None
+        self._carried = CarriedTasks()
         # Work that grows the pool, put off while a batch is ready to return
         # (see _settle): workers' requests for a bigger slot, and dispatches.
         self._needs: list[tuple[Any, ...]] = []
@@ -143,10 +126,10 @@ class MultiProcessingIter(BaseIter):
             self._progress.workers = [WorkerProgress() for _ in range(self._workers.num_workers)]
         lookahead, self._lookahead = self._lookahead, None
         if lookahead is not None and lookahead.epoch == epoch:
-            self._carried = lookahead.tasks
+            self._carried = CarriedTasks(lookahead.tasks)
         else:
-            lookahead, self._carried = None, deque()
-        carried = {task_id for task_id, _, _ in self._carried}
+            lookahead, self._carried = None, CarriedTasks()
+        carried = self._carried.ids()
         table = self._table
         table.abandon([t for t in (*table.in_flight, *table.ready) if t not in carried])
         with self._deaths_reported():
@@ -176,7 +159,7 @@ class MultiProcessingIter(BaseIter):
                 index = next(self._sampler_iter)
         except StopIteration:
             self._sampler_done = True
-            self._drop_carried()
+            self._table.abandon(self._carried.drop())
             self._start_lookahead()
             self._dispatch_lookahead()
             return
@@ -186,7 +169,8 @@ class MultiProcessingIter(BaseIter):
         if self._map_style and every and self._dispatched % every == 0:
             snapshot = sampler_state(self._index_sampler)
         worker_id = self._next_worker_for_task()
-        task_id = self._adopt(index, worker_id)
+        task_id, dropped = self._carried.adopt(index, worker_id)
+        self._table.abandon(dropped)
         position = self._dispatched - 1
         if task_id is None:
             lease = self._workers.pool.acquire() or self._acquire_at_cap()
@@ -244,7 +228,7 @@ class MultiProcessingIter(BaseIter):
             return
         epoch = self._progress.epoch + 1
         self._workers.reset(epoch)
-        self._lookahead = _Lookahead(epoch, head, self._workers.num_workers)
+        self._lookahead = LookaheadTasks(epoch, head, self._workers.num_workers)
 
     def _dispatch_lookahead(self) -> None:
         """The next lookahead task, in the slot a delivered batch freed. It
@@ -260,24 +244,6 @@ class MultiProcessingIter(BaseIter):
         worker_id = next(lookahead.workers)
         lookahead.tasks.append(
             (self._send_task(worker_id, index, lease, None, None), index, worker_id))
-
-    def _adopt(self, index: Any, worker_id: int) -> int | None:
-        """The carried lookahead task that loads ``index`` on ``worker_id``
-        at this position of the epoch, if the guess was right; after the
-        first wrong guess, none."""
-        if not self._carried:
-            return None
-        task_id, guessed_index, guessed_worker = self._carried[0]
-        if guessed_worker == worker_id and guessed_index == index:
-            self._carried.popleft()
-            return task_id
-        self._drop_carried()
-        return None
-
-    def _drop_carried(self) -> None:
-        """Give up the carried lookahead tasks."""
-        self._table.abandon([task_id for task_id, _, _ in self._carried])
-        self._carried.clear()
 
     def _acquire_at_cap(self) -> Any:
         """A slot when the pool may not grow: from now on batches are copied

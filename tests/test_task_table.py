@@ -46,3 +46,14 @@ def test_tasks_in_flight_per_worker():
     table, ids = table_with(5, workers=2)
     table.finish(ids[0], "batch 0")
     assert table.in_flight_per_worker() == {0: 2, 1: 2}
+
+
+def test_carried_lookahead_tasks_are_adopted_in_order_until_a_wrong_guess():
+    from collections import deque
+
+    from fastload._lookahead import CarriedTasks
+
+    carried = CarriedTasks(deque([(10, [0, 1], 0), (11, [2, 3], 1), (12, [4, 5], 0)]))
+    assert carried.adopt([0, 1], 0) == (10, [])
+    assert carried.adopt([2, 3], 0) == (None, [11, 12])  # another worker: a wrong guess
+    assert carried.adopt([4, 5], 0) == (None, []) and carried.ids() == set()
