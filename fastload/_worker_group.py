@@ -127,6 +127,10 @@ class _Channels:
                 self.raise_if_dead()  # the usual reason: that worker is gone
                 raise
             self.send(worker_id, (SEGMENT, seg_id, segment.size))
+        if self.sockets:
+            # Every worker has it: the segments a program keeps batches in
+            # then cost no descriptor here either.
+            segment.close_fd()
 
     def retire_segment(self, seg_id: int) -> None:
         for worker_id in range(len(self.task_rings)):
@@ -197,6 +201,8 @@ class WorkerGroup:
                 "start_state": None if start_states is None else start_states[worker_id],
             }
             self._start(context, config, initial_segments)
+        for segment in initial_segments.values():
+            segment.close_fd()  # every worker has it now (see send_segment)
 
     def _start(self, context: Any, config: dict[str, Any], segments: dict[int, Any]) -> None:
         tasks = Ring(self._task_ring_bytes)

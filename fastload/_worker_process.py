@@ -269,7 +269,8 @@ class _Worker:
         _, fds, _, _ = socket.recv_fds(self.socket, 16, 1, socket.MSG_CMSG_CLOEXEC)
         if len(fds) != 1:
             raise RuntimeError(f"expected the descriptor of segment {segment_id}, got {fds}")
-        self.segments[segment_id] = Segment.attach(fds[0], nbytes)
+        self.segments[segment_id] = segment = Segment.attach(fds[0], nbytes)
+        segment.close_fd()  # mapped: descriptors must not grow with the pool
 
     def load(self, task_id: int, index: Any, slot: tuple[int, int, int]) -> None:
         if self.ended:
@@ -369,8 +370,9 @@ def worker_main(config: dict[str, Any], task_ring: Any, result_ring: Any,
         # Under fork, ``segments`` are the parent's own Segment objects, which
         # the parent's slab pool (inherited too) holds buffer views of: a RETIRE
         # could never unmap them. The worker maps each one itself instead.
-        worker.segments.update({segment_id: Segment.attach(os.dup(segment.fd), segment.size)
-                                for segment_id, segment in segments.items()})
+        for segment_id, segment in segments.items():
+            worker.segments[segment_id] = Segment.attach(os.dup(segment.fd), segment.size)
+            worker.segments[segment_id].close_fd()
         if config["worker_init_fn"] is not None:
             where = "in worker_init_fn"
             config["worker_init_fn"](worker_id)

@@ -137,6 +137,16 @@ cdef class Segment:
             raise ValueError("Segment is closed")
         return 0
 
+    def close_fd(self):
+        """Close the descriptor and keep the mapping (which stays valid):
+        once every process that needs the segment has it, so the segments a
+        program keeps cost no descriptor (RLIMIT_NOFILE). It can then no
+        longer be sent or pickled."""
+        cdef int fd = self._fd
+        self._fd = -1
+        if fd >= 0 and close(fd) != 0:
+            raise_errno("cannot close a shared segment's descriptor", ShmError)
+
     def close(self):
         """Unmap and close. Refused while a buffer view of it is alive."""
         if self._exports > 0:

@@ -356,3 +356,20 @@ def test_an_interrupted_shutdown_step_keeps_the_others(interrupted):
         _shutdown([make("worker")], [make("task")], [make("result")], [make("socket")],
                   doorbell=None, sigchld=False)
     assert set(STEPS) <= set(log)  # every release ran, the interrupted one too
+
+
+def test_kept_batches_cost_no_descriptor_under_a_low_rlimit_nofile():
+    result = run_script("""
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+        class Dicts(fl.Dataset):
+            def __len__(self):
+                return 200
+            def __getitem__(self, i):
+                return {f"k{j}": np.full(64, i, np.float32) for j in range(32)}
+        kept = list(fl.DataLoader(Dicts(), batch_size=2, num_workers=4))
+        assert [int(b["k0"][0, 0]) for b in kept] == list(range(0, 200, 2))
+        print("kept", len(kept), "fds", len(os.listdir("/proc/self/fd")))
+    """, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "kept 100" in result.stdout

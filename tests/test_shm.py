@@ -243,3 +243,13 @@ def test_sockets_other_than_unix_streams_are_refused():
         send_segments(a, [Segment(4096)])
     a.close()
     b.close()
+
+
+def test_close_fd_keeps_the_mapping_and_frees_the_descriptor():
+    segment = Segment(4096)
+    fd = segment.fd
+    memoryview(segment)[:4] = b"abcd"
+    segment.close_fd()
+    assert segment.fd == -1 and not os.path.exists(f"/proc/self/fd/{fd}")
+    assert bytes(memoryview(segment)[:4]) == b"abcd"
+    segment.close()
