@@ -173,3 +173,19 @@ def test_ratios_pair_measurements_of_the_same_repeat():
     assert runner.paired_ratio(measurements, ("rows", "fastload", 2), ("rows", "torch", 0)) is None
     table = report.table(fake_outcome())
     assert "10.00x" in table.splitlines()[2]
+
+
+def test_the_table_says_when_workers_are_slower_and_what_to_use():
+    plan = runner.Plan(workloads=["rows", "images"], contenders=["fastload"], workers=[0, 2],
+                       duration=0.1, memory=False)
+    outcome = runner.Outcome(plan, environment={"python": "3"})
+    for workload, rates in (("rows", (5000.0, 1000.0)), ("images", (100.0, 190.0))):
+        for workers, rate in zip((0, 2), rates):
+            outcome.measurements.append({
+                "workload": workload, "contender": "fastload", "workers": workers, "repeat": 0,
+                "samples_per_s": rate, "mb_per_s": None, "first_batch_s": 0.01})
+    notes = [line for line in report.table(outcome).splitlines()
+             if line.startswith("SLOWER WITH WORKERS")]
+    assert len(notes) == 1
+    assert "rows through fastload with 2 workers loads 0.20x" in notes[0]
+    assert "use num_workers=0" in notes[0]
