@@ -61,6 +61,26 @@ def test_batches_are_torchs_batches(num_workers):
         assert a["name"] == b["name"]
 
 
+class Stream(td.IterableDataset):
+    """torch's sharding recipe: each worker yields its own part."""
+
+    def __iter__(self):
+        info = td.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, 10, step))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_iterable_datasets_and_no_batching(num_workers):
+    loader = flt.DataLoader(Stream(), batch_size=3, num_workers=num_workers)
+    batches = list(loader)
+    assert all(type(b) is torch.Tensor and b.dtype == torch.int64 for b in batches)
+    assert sorted(int(i) for b in batches for i in b) == list(range(10))
+    samples = list(flt.DataLoader(Rows(), batch_size=None, num_workers=num_workers))
+    assert len(samples) == 22 and type(samples[5]["x"]) is torch.Tensor
+    assert samples[5]["x"].tolist() == [5.0] * 3
+
+
 def test_default_collate_and_convert_are_torchs():
     samples = [Rows()[i] for i in range(3)]
     ours, theirs = flt.default_collate(samples), td.default_collate(samples)
