@@ -85,6 +85,9 @@ _DEFAULTS = (default_collate, default_convert, _torch_data.default_collate,
              _torch_data.default_convert, _collate.default_collate, _collate.default_convert)
 
 
+_RANDOM_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+
+
 class DataLoader(_torch_data.DataLoader):  # type: ignore[type-arg]
     """``torch.utils.data.DataLoader`` in arguments, defaults, errors,
     attributes and ``isinstance``; fastload's engine underneath (see the
@@ -148,6 +151,15 @@ class DataLoader(_torch_data.DataLoader):  # type: ignore[type-arg]
         return len(self._fastload)
 
     def state_dict(self) -> dict[str, Any]:
+        """fastload.DataLoader's state (NOTE [ Resume contract ]). Refused
+        for torch's random samplers: they keep no state, and drawing their
+        permutation again on resume would give other batches."""
+        sampler = getattr(self.batch_sampler, "sampler", self.sampler)
+        if isinstance(sampler, _RANDOM_SAMPLERS) and not hasattr(sampler, "state_dict"):
+            raise ValueError(
+                f"state_dict() cannot resume torch's {type(sampler).__name__}: it keeps no "
+                "state, so a resumed run would shuffle differently; use fastload.DataLoader "
+                "with shuffle=True (its samplers resume exactly) or a sampler with state_dict()")
         return self._fastload.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

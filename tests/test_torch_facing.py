@@ -81,6 +81,21 @@ def test_iterable_datasets_and_no_batching(num_workers):
     assert samples[5]["x"].tolist() == [5.0] * 3
 
 
+def test_resume_is_exact_or_refused():
+    loader = flt.DataLoader(Rows(), batch_size=4, sampler=flt.SequentialSampler(Rows()))
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    rest = indices(it)
+    resumed = flt.DataLoader(Rows(), batch_size=4, sampler=flt.SequentialSampler(Rows()))
+    resumed.load_state_dict(state)
+    assert indices(resumed) == rest == list(range(4, 22))
+    shuffled = flt.DataLoader(Rows(), batch_size=4, shuffle=True)
+    next(iter(shuffled))
+    with pytest.raises(ValueError, match="RandomSampler: it keeps no state"):
+        shuffled.state_dict()
+
+
 def test_default_collate_and_convert_are_torchs():
     samples = [Rows()[i] for i in range(3)]
     ours, theirs = flt.default_collate(samples), td.default_collate(samples)
