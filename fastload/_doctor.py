@@ -1,7 +1,8 @@
 """``python -m fastload doctor``: what decides fastload's speed and safety here.
 
 Each check looks at one thing (CPUs, start methods, shared memory, the
-memlock limit, torch and CUDA, the kernel's memfd and futex) and answers
+memlock limit, the kernel's memfd and futex, what handing a batch over from
+a worker costs, torch and CUDA) and answers
 OK, WARN or FAIL with one line of advice. FAIL means normal use is blocked;
 the exit code is then non-zero.
 """
@@ -17,8 +18,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from fastload import _memory
 from fastload._worker_group import INITIAL_SLOT_BYTES
+from fastload.dataset import ArrayDataset
+from fastload.loader import DataLoader
 from fastload_c import shm
 from fastload_c.ring import Ring
 
@@ -38,6 +43,12 @@ TYPICAL_BATCH_BYTES = 16 * MiB
 HELD_BATCHES = 2
 # How long the kernel check waits for its child before calling it stuck.
 ROUND_TRIP_SECONDS = 10.0
+# The workers check: batches of 64 small rows, timed for a quarter second
+# each way after a first epoch that starts the workers.
+HANDOFF_ROWS = 4096
+HANDOFF_BATCH_SIZE = 64
+HANDOFF_WORKERS = 2
+HANDOFF_SECONDS = 0.25
 
 
 @dataclass
@@ -224,11 +235,44 @@ def check_kernel() -> Check:
                  "nothing to do", {"round_trip_s": took})
 
 
+def batches_per_second(num_workers: int) -> float:
+    """Batches/s of a loader over arrays in memory, whose batches cost next
+    to nothing to make: with workers, what handing batches over costs. The
+    first epoch, which starts the workers, is not timed."""
+    dataset = ArrayDataset(np.zeros((HANDOFF_ROWS, 16), np.float32))
+    loader = DataLoader(dataset, batch_size=HANDOFF_BATCH_SIZE, num_workers=num_workers,
+                        persistent_workers=num_workers > 0)
+    for _ in loader:
+        pass
+    batches, started = 0, time.perf_counter()
+    while time.perf_counter() - started < HANDOFF_SECONDS:
+        for _ in loader:
+            batches += 1
+    return batches / (time.perf_counter() - started)
+
+
+def check_workers() -> Check:
+    alone, with_workers = batches_per_second(0), batches_per_second(HANDOFF_WORKERS)
+    handoff_ms = 1e3 / with_workers
+    details = {"batches_per_s_0_workers": alone,
+               f"batches_per_s_{HANDOFF_WORKERS}_workers": with_workers,
+               "handoff_ms": handoff_ms}
+    faster = "faster" if with_workers > alone else "slower"
+    seen = (f"batches of arrays in memory: {with_workers:,.0f}/s with {HANDOFF_WORKERS} "
+            f"workers, {alone:,.0f}/s with none ({faster} with workers); a batch handed "
+            f"over from a worker costs about {handoff_ms:.3g} ms")
+    return Check("workers", OK, seen,
+                 f"use num_workers=0 where a batch takes less than about {handoff_ms:.2g} ms "
+                 "to make (arrays in memory, ArrayDataset); workers pay off where it takes "
+                 "longer (decoding, augmenting); loader.stats().verdict says which a loader is",
+                 details)
+
+
 # The kernel check runs before torch is imported: forking after torch has
 # started its threads is what start_method's advice warns against.
 CHECKS: tuple[Callable[[], Check], ...] = (
     check_cpus, check_start_methods, check_shared_memory, check_memlock, check_kernel,
-    check_torch,
+    check_workers, check_torch,
 )
 
 

@@ -21,7 +21,7 @@ from fastload._state import dataset_state, sampler_state
 from fastload._stats import LoaderStats
 from fastload._torch import torch_or_none
 from fastload._warnings import warn_at_caller
-from fastload.collate import arrays_to_tensors
+from fastload.collate import arrays_to_tensors, tensors_to_arrays
 from fastload.errors import InvalidArgumentError
 
 
@@ -163,7 +163,7 @@ class BaseIter:
         self._collate_fn = loader.collate_fn
         self._persistent_workers = loader.persistent_workers
         self._snapshot_every = loader.snapshot_every_n_steps
-        self._to_torch = loader.output == "torch"
+        self._output = loader.output
         self._map_style = self._dataset_kind is DatasetKind.MAP
         # Whether the dataset's position is checkpointed: a map-style
         # dataset's own state in this process, an iterable one's stream.
@@ -247,7 +247,13 @@ class BaseIter:
         self._progress.sampler = sampler_state(self._index_sampler)
 
     def _convert(self, data: Any) -> Any:
-        return arrays_to_tensors(data) if self._to_torch else data
+        """The batch in the types ``output`` asks for: leaves as the samples
+        had them (None), numpy arrays or tensors, sharing memory either way."""
+        if self._output is None:
+            return data
+        if self._output == "torch":
+            return arrays_to_tensors(data)
+        return tensors_to_arrays(data)
 
     def stats(self) -> LoaderStats:
         """What this iterator measured: see fastload._stats."""

@@ -1,4 +1,5 @@
-"""default_collate and default_convert: torch's structure rules, numpy leaves.
+"""default_collate and default_convert: torch's structure rules; numpy
+leaves stay numpy and tensor leaves stay tensors.
 
 The sample structure is walked once per batch, not once per sample: the type
 of the first sample picks a handler (cached per type, so a batch of dicts of
@@ -34,12 +35,13 @@ Handler = Callable[[Sequence[Any], Any], Any]
 def default_collate(batch: Sequence[Any]) -> Any:
     """Merge a list of samples into a batch with a leading batch dimension.
 
-    numpy arrays, numpy scalars and torch tensors -> one stacked numpy array;
-    float -> float64, int -> int64, bool -> bool arrays; str and bytes -> kept
-    as they are; Mapping -> same mapping type of collated values; namedtuple
-    -> same namedtuple; tuple -> list; other sequences -> same type (else
-    list). Samples whose arrays disagree in shape raise CollateError naming
-    both sample positions and shapes.
+    numpy arrays and numpy scalars -> one stacked numpy array; torch tensors
+    -> one stacked tensor (torch.stack, as torch does); float -> float64,
+    int -> int64, bool -> bool arrays; str and bytes -> kept as they are;
+    Mapping -> same mapping type of collated values; namedtuple -> same
+    namedtuple; tuple -> list; other sequences -> same type (else list).
+    Samples whose arrays disagree in shape raise CollateError naming both
+    sample positions and shapes.
     """
     if type(batch) is GatheredBatch:
         return [
@@ -92,14 +94,13 @@ def _collate_arrays(batch: Sequence[Any], elem: np.ndarray) -> np.ndarray:
     return out
 
 
-def _collate_tensors(batch: Sequence[Any], elem: Any) -> np.ndarray:
+def _collate_tensors(batch: Sequence[Any], elem: Any) -> Any:
     torch = torch_if_imported()
     assert torch is not None  # a tensor exists, so torch is loaded
     try:
-        stacked = torch.stack(list(batch))
+        return torch.stack(list(batch))
     except RuntimeError:
         raise _shape_error([tuple(t.shape) for t in batch]) from None
-    return stacked.numpy(force=True)
 
 
 def _collate_numpy_scalars(batch: Sequence[Any], elem: Any) -> np.ndarray:
@@ -222,16 +223,14 @@ def _resolve_handler(elem: Any) -> Handler:
 
 def default_convert(data: Any) -> Any:
     """Convert one sample (no batch dimension added), as the DataLoader does
-    when automatic batching is off: numpy scalars -> 0-d arrays, torch
-    tensors -> numpy arrays, arrays unchanged, containers converted element
+    when automatic batching is off: numpy scalars -> 0-d arrays, arrays and
+    torch tensors unchanged, containers converted element
     by element with the structure rules of default_collate; anything else is
     returned unchanged."""
-    if isinstance(data, np.ndarray):
+    if isinstance(data, np.ndarray) or is_tensor(data):
         return data
     if isinstance(data, np.generic) and not isinstance(data, (np.str_, np.bytes_)):
         return np.asarray(data)
-    if is_tensor(data):
-        return data.numpy(force=True)
     if isinstance(data, GatheredBatch):
         return [default_convert(sample) for sample in data]
     if isinstance(data, Mapping):
@@ -251,22 +250,41 @@ def arrays_to_tensors(data: Any) -> Any:
     torch = torch_or_none()
     if torch is None:
         raise ImportError("output='torch' needs PyTorch installed (pip install torch)")
-    return _to_torch(torch, data)
+
+    def to_tensor(leaf: Any) -> Any:
+        if isinstance(leaf, np.ndarray):
+            return torch.from_numpy(leaf) if leaf.dtype.kind in _NUMERIC_KINDS else leaf
+        if isinstance(leaf, (np.bool_, np.number)):
+            return torch.from_numpy(np.asarray(leaf))
+        return leaf
+
+    return _map_leaves(to_tensor, data)
 
 
-def _to_torch(torch: Any, data: Any) -> Any:
-    if isinstance(data, np.ndarray):
-        return torch.from_numpy(data) if data.dtype.kind in _NUMERIC_KINDS else data
-    if isinstance(data, (np.bool_, np.number)):
-        return torch.from_numpy(np.asarray(data))
-    if isinstance(data, dict) and type(data) is dict:
-        return {key: _to_torch(torch, value) for key, value in data.items()}
-    if isinstance(data, list) and type(data) is list:
-        return [_to_torch(torch, value) for value in data]
+def tensors_to_arrays(data: Any) -> Any:
+    """``data`` with every torch tensor replaced by a numpy array, a view of
+    the tensor's memory wherever numpy can view it (``numpy(force=True)``
+    copies the others: on a device, needing grad); the structure is kept."""
+    torch = torch_if_imported()
+    if torch is None:
+        return data  # no tensor can exist
+
+    def to_array(leaf: Any) -> Any:
+        return leaf.numpy(force=True) if isinstance(leaf, torch.Tensor) else leaf
+
+    return _map_leaves(to_array, data)
+
+
+def _map_leaves(convert: Callable[[Any], Any], data: Any) -> Any:
+    """``data`` with ``convert`` applied to every leaf of its containers."""
+    if type(data) is dict:
+        return {key: _map_leaves(convert, value) for key, value in data.items()}
+    if type(data) is list:
+        return [_map_leaves(convert, value) for value in data]
     if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(_to_torch(torch, value) for value in data))
+        return type(data)(*(_map_leaves(convert, value) for value in data))
     if isinstance(data, tuple):
-        return tuple(_to_torch(torch, value) for value in data)
+        return tuple(_map_leaves(convert, value) for value in data)
     if isinstance(data, Mapping):
-        return _rebuild_mapping(data, {key: _to_torch(torch, data[key]) for key in data})
-    return data
+        return _rebuild_mapping(data, {key: _map_leaves(convert, data[key]) for key in data})
+    return convert(data)

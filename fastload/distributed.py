@@ -14,9 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from fastload._warnings import warn_at_caller
 from fastload.sampler import Sampler
 
-__all__ = ["DistributedSampler", "batches_per_rank", "discover_rank_and_world_size"]
+__all__ = ["DistributedSampler", "batches_per_rank", "discover_rank_and_world_size",
+           "warn_if_not_sharded"]
 
 # Launchers and the variables they set, in order of preference. torchrun sets
 # RANK/WORLD_SIZE; srun sets SLURM_*. RANK comes first because a torchrun
@@ -40,6 +42,36 @@ def _torch_distributed() -> tuple[int, int] | None:
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return None
+
+
+_warned_not_sharded = False
+
+
+def _shards(sampler: Any) -> bool:
+    """Whether ``sampler`` (or the sampler a batch sampler draws from) gives
+    each rank its own share: fastload's or torch's DistributedSampler, or any
+    sampler that says how many replicas share the data."""
+    inner = getattr(sampler, "sampler", None)
+    return (isinstance(sampler, DistributedSampler) or hasattr(sampler, "num_replicas")
+            or (inner is not None and inner is not sampler and _shards(inner)))
+
+
+def warn_if_not_sharded(index_sampler: Any, map_style: bool) -> None:
+    """Warn, once per process, when torch.distributed runs more than one rank
+    and a map-style loader's indices are not split between them: every rank
+    would then train on the whole dataset. (An iterable dataset shards
+    itself, which cannot be seen from here.)"""
+    global _warned_not_sharded
+    if _warned_not_sharded or not map_style or _shards(index_sampler):
+        return
+    group = _torch_distributed()
+    if group is None or group[1] < 2:
+        return
+    _warned_not_sharded = True
+    warn_at_caller(
+        f"torch.distributed runs {group[1]} ranks but this DataLoader's sampler is not "
+        "distributed, so every rank loads the whole dataset; pass "
+        "sampler=fastload.DistributedSampler(dataset) (or torch's DistributedSampler)")
 
 
 def _jax_distributed() -> tuple[int, int] | None:

@@ -71,12 +71,15 @@ class _InfiniteConstantSampler(Sampler[None]):
 
 class DataLoader(Generic[T_co]):
     """Iterates over a dataset in batches, with the arguments, defaults and
-    errors of ``torch.utils.data.DataLoader``; batches are numpy arrays.
+    errors of ``torch.utils.data.DataLoader``; batches hold numpy arrays where
+    the samples hold numpy arrays or numbers, and tensors where they hold
+    tensors.
 
     fastload's own keyword arguments:
 
-    * ``output``: ``'numpy'`` (default) or ``'torch'``, which turns every
-      numeric array of a batch into a tensor sharing its memory.
+    * ``output``: ``None`` (default: leaves as the samples have them),
+      ``'numpy'`` or ``'torch'``, which turn every numeric leaf of a batch
+      into a numpy array or a tensor, sharing its memory.
     * ``snapshot_every_n_steps``: how often a checkpointable loader records
       its state, as in torchdata's StatefulDataLoader.
 
@@ -115,7 +118,7 @@ class DataLoader(Generic[T_co]):
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
-        output: str = "numpy",
+        output: str | None = None,
         snapshot_every_n_steps: int = 1,
     ) -> None:
         if num_workers < 0:
@@ -142,8 +145,9 @@ class DataLoader(Generic[T_co]):
                 f"(num_workers={num_workers}); got 0")
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
-        if output not in _OUTPUTS:
-            raise ValueError(f"output should be one of {_OUTPUTS}, but got output={output!r}")
+        if output is not None and output not in _OUTPUTS:
+            raise ValueError(
+                f"output should be None or one of {_OUTPUTS}, but got output={output!r}")
         if output == "torch" and torch_or_none() is None:
             raise ImportError("output='torch' needs PyTorch installed (pip install torch)")
         if (

@@ -108,7 +108,7 @@ cdef tuple _gather_layout(tuple cols, Py_ssize_t n, bint single):
         off = fl_align_up(off, FL_ALIGN)
         offsets.append(off)
         shape = (n,) + col.shape[1:]
-        nodes.append(("a", off, col.dtype, shape))
+        nodes.append(("a", off, col.dtype, shape, False))
         row = col.dtype.itemsize
         for d in col.shape[1:]:
             row *= <size_t>d

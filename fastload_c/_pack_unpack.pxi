@@ -19,7 +19,9 @@ def unpack(base, layout):
     object with the buffer protocol whose memory stays put while it lives,
     such as a Segment). Arrays view it directly and hold ``base`` as their
     base object, so the slot lives while any of them (or anything derived
-    from them) does. Raises ValueError when the layout reaches outside it.
+    from them) does; where the samples held tensors, the batch holds
+    tensors over those arrays. Raises ValueError when the layout reaches
+    outside it.
     """
     cdef Py_buffer view
     PyObject_GetBuffer(base, &view, PyBUF_SIMPLE)
@@ -43,6 +45,15 @@ def unpack(base, layout):
     return _build_out(root, base, data, length, readonly, values)
 
 
+cdef object _torch():
+    """torch, for a batch whose samples held tensors. A worker made them, so
+    torch is installed; this process may not have imported it yet."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        import torch
+    return torch
+
+
 cdef _Out _remember(bytes layout, tuple tree):
     root = _decode(tree)
     if len(_decoded) >= 64:
@@ -59,6 +70,7 @@ cdef _Out _decode(tuple node):
         out.offset = node[1]
         out.dtype = node[2]
         out.shape = node[3]
+        out.tensor = node[4]
         out.nbytes = out.dtype.itemsize
         for d in out.shape:
             out.nbytes *= <size_t>d
@@ -94,7 +106,7 @@ cdef object _build_out(_Out node, object base, char *data, size_t length, bint r
         arr = _array_at(data + node.offset, node.dtype, node.shape, base)
         if readonly:
             cnp.PyArray_CLEARFLAGS(arr, cnp.NPY_ARRAY_WRITEABLE)
-        return arr
+        return _torch().from_numpy(arr) if node.tensor else arr
     if node.kind == O_VALUE:
         return values[node.index]
     items = [_build_out(child, base, data, length, readonly, values) for child in node.children]

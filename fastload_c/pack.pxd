@@ -83,6 +83,7 @@ cdef class _Out:
     cdef size_t nbytes
     cdef cnp.dtype dtype
     cdef tuple shape
+    cdef bint tensor              # a torch tensor over the array
     cdef object type
     cdef tuple keys
     cdef object template

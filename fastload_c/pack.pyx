@@ -27,7 +27,10 @@ A layout is ``pickle.dumps(message, 5)`` with message one of
                                          slot; buffers: ((offset, nbytes),...)
 and node one of
 
-    ("a", offset, dtype, shape)          C-contiguous array at slot offset
+    ("a", offset, dtype, shape, tensor)  C-contiguous array at slot offset;
+                                         tensor: the samples held torch
+                                         tensors there, so the batch holds
+                                         torch.from_numpy of the view
     ("l", (node, ...))                   list
     ("t", type, (node, ...))             namedtuple: type(*items)
     ("m", type, keys, (node, ...), template)
@@ -37,9 +40,9 @@ and node one of
     ("v", index)                         values[index], strings kept as is
 
 Offsets count from the slot's start and are multiples of FL_ALIGN. A "tree"
-layout depends only on the structure, dtypes, shapes and batch size, so it is
-computed once per structure and the same bytes come back for every batch
-like it; the main process caches its decoding by those bytes. Only strings
+layout depends only on the structure, leaf kinds, dtypes, shapes and batch
+size, so it is computed once per structure and the same bytes come back for
+every batch like it; the main process caches its decoding by those bytes. Only strings
 (usually file names or labels) travel per batch, in "tree+values".
 """
 cimport numpy as cnp
@@ -218,8 +221,9 @@ cdef _Node _build(_Plan plan, object o, bint in_sequence):
     node.ndim = 0
     node.tensor = node.kind == K_TENSOR
     if node.tensor:
-        # Stacked as torch.stack then .numpy() would: the same bytes, as
-        # long as every sample's tensor has this dtype (see _visit_array).
+        # Written through its numpy view: torch.stack's bytes, as long as
+        # every sample's tensor has this dtype (see _visit_array); unpack
+        # gives the batch back as a tensor over the slot.
         o = _tensor_as_array(o)
         node.kind = K_ARRAY
     if node.kind == K_ARRAY or node.kind == K_NPSCALAR:
@@ -297,7 +301,7 @@ cdef tuple _tree(_Node node, Py_ssize_t batch):
     if node.kind == K_MAPPING:
         return ("m", node.type, node.keys, tuple([_tree(c, batch) for c in node.children]),
                 node.template)
-    return ("a", node.offset, node.out, (batch,) + _shape(node))
+    return ("a", node.offset, node.out, (batch,) + _shape(node), node.tensor)
 
 
 cdef class _Walk:
@@ -481,9 +485,9 @@ def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1):
 
     The batch equals fastload's default_collate of the same samples (same
     structure, dtypes, shapes, values): arrays stacked to (B, *shape) with
-    np.stack's dtype, numbers to int64 / float64 / bool arrays, strings kept
-    (a tuple inside a sequence, as torch), tuples to lists, mappings and
-    namedtuples to their own type.
+    np.stack's dtype (tensors to a tensor, as torch.stack), numbers to
+    int64 / float64 / bool arrays, strings kept (a tuple inside a sequence,
+    as torch), tuples to lists, mappings and namedtuples to their own type.
     Returns the layout for unpack. Raises CollateError naming both
     samples when shapes or structures disagree, TypeError for unsupported
     leaves, SlotTooSmallError (nothing written) when the slot is too small.

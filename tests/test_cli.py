@@ -173,3 +173,35 @@ def test_ratios_pair_measurements_of_the_same_repeat():
     assert runner.paired_ratio(measurements, ("rows", "fastload", 2), ("rows", "torch", 0)) is None
     table = report.table(fake_outcome())
     assert "10.00x" in table.splitlines()[2]
+
+
+def test_the_table_says_when_workers_are_slower_and_what_to_use():
+    plan = runner.Plan(workloads=["rows", "images"], contenders=["fastload"], workers=[0, 2],
+                       duration=0.1, memory=False)
+    outcome = runner.Outcome(plan, environment={"python": "3"})
+    for workload, rates in (("rows", (5000.0, 1000.0)), ("images", (100.0, 190.0))):
+        for workers, rate in zip((0, 2), rates):
+            outcome.measurements.append({
+                "workload": workload, "contender": "fastload", "workers": workers, "repeat": 0,
+                "samples_per_s": rate, "mb_per_s": None, "first_batch_s": 0.01})
+    notes = [line for line in report.table(outcome).splitlines()
+             if line.startswith("SLOWER WITH WORKERS")]
+    assert len(notes) == 1
+    assert "rows through fastload with 2 workers loads 0.20x" in notes[0]
+    assert "use num_workers=0" in notes[0]
+
+
+def test_the_memmap_workload_writes_its_file_once_and_reads_rows_from_it(monkeypatch, tmp_path):
+    from fastload._bench import workloads
+
+    monkeypatch.setattr(workloads, "MEMMAP_ROWS", 5000)  # not 1 GiB in a unit test
+    monkeypatch.setattr(workloads.tempfile, "gettempdir", lambda: str(tmp_path))
+    rows, labels = workloads.WORKLOADS["memmap"].make_arrays()
+    path = workloads.memmap_path()
+    assert isinstance(rows, workloads.np.memmap) and rows.shape == (5000, workloads.MEMMAP_WIDTH)
+    assert rows[4999].min() == rows[4999].max() == 4999 and len(labels) == 5000
+    written = os.stat(path).st_mtime_ns
+    again, _ = workloads.WORKLOADS["memmap"].make_arrays()
+    assert os.stat(path).st_mtime_ns == written and os.listdir(tmp_path) == [os.path.basename(path)]
+    dataset = workloads.WORKLOADS["memmap"].dataset("fastload", (again, labels))
+    assert dataset[[3, 7]][0][:, 0].tolist() == [3.0, 7.0]

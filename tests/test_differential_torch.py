@@ -248,10 +248,20 @@ def test_default_collate_on_the_same_inputs():
         [np.zeros((2, 2), np.uint8), np.ones((2, 2), np.uint8)],
         [{"a": (1, 2.0)}, {"a": (3, 4.0)}],
         [Pair(1, "x"), Pair(2, "y")],
-        [torch.ones(2, dtype=torch.float16), torch.zeros(2, dtype=torch.float16)],
     ]
     for batch in cases:
         assert_same(fl.default_collate(batch), to_numpy(td.default_collate(batch)))
+
+
+def test_default_collate_and_convert_keep_tensors_as_torch_does():
+    samples = [{"x": torch.ones(2, dtype=torch.float16), "n": torch.tensor(i)} for i in range(3)]
+    ours, theirs = fl.default_collate(samples), td.default_collate(samples)
+    for key in ("x", "n"):
+        assert type(ours[key]) is torch.Tensor and ours[key].dtype == theirs[key].dtype
+        assert torch.equal(ours[key], theirs[key])
+    sample = (torch.arange(3), [np.arange(2)])
+    converted = fl.default_convert(sample)
+    assert converted[0] is sample[0] and isinstance(converted[1][0], np.ndarray)
 
 
 @pytest.mark.parametrize(
@@ -275,7 +285,7 @@ def test_torch_samplers_and_tensor_samples_work_in_fastload():
     ds = td.TensorDataset(torch.arange(10.0).reshape(5, 2), torch.arange(5))
     sampler = td.BatchSampler(td.SequentialSampler(ds), 2, False)
     batches = list(fl.DataLoader(ds, batch_sampler=sampler))
-    assert isinstance(batches[0][0], np.ndarray) and batches[0][0].shape == (2, 2)
+    assert isinstance(batches[0][0], torch.Tensor) and batches[0][0].shape == (2, 2)
     assert [b[1].tolist() for b in batches] == [[0, 1], [2, 3], [4]]
 
 

@@ -9,7 +9,7 @@ import pytest
 from fastload import _doctor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHECKS = {"cpus", "start_method", "shared_memory", "memlock", "kernel", "torch"}
+CHECKS = {"cpus", "start_method", "shared_memory", "memlock", "kernel", "workers", "torch"}
 
 
 def run_doctor(*args, script=None):
@@ -56,6 +56,7 @@ LOW_MEMLOCK = r"""
 import os, resource, sys
 import multiprocessing.connection, multiprocessing.popen_fork
 from fastload import _doctor
+_doctor.check_workers()  # imports what a loader's iterator and workers import
 resource.setrlimit(resource.RLIMIT_MEMLOCK, (8 << 20, 8 << 20))
 os.setgid(65534)
 os.setuid(65534)
@@ -108,3 +109,15 @@ def test_a_single_cpu_warns(monkeypatch):
     check = _doctor.check_cpus()
     assert check.status == "WARN"
     assert "1 of 8 CPUs" in check.summary and "num_workers=0" in check.advice
+
+
+def test_workers_slower_than_none_say_so_and_what_to_use(monkeypatch):
+    monkeypatch.setattr(_doctor, "batches_per_second", lambda workers: 1000.0 if workers else 5000.0)
+    check = _doctor.check_workers()
+    assert "1,000/s with 2 workers, 5,000/s with none (slower with workers)" in check.summary
+    assert "about 1 ms" in check.summary
+    assert "num_workers=0 where a batch takes less than about 1 ms" in check.advice
+
+
+def test_the_workers_check_measures_both_ways():
+    assert _doctor.batches_per_second(0) > 0 and _doctor.batches_per_second(2) > 0

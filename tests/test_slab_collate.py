@@ -356,7 +356,8 @@ def test_tensors_collate_into_the_slot_as_default_collate_does():
     batch = unpack(slot, collate_into(samples, slot))
     expected = default_collate(samples)
     for key in ("image", "label"):
-        assert batch[key].dtype == expected[key].dtype and np.array_equal(batch[key], expected[key])
+        assert type(batch[key]) is type(expected[key]) is torch.Tensor
+        assert batch[key].dtype == expected[key].dtype and torch.equal(batch[key], expected[key])
 
 
 @pytest.mark.parametrize("make", [

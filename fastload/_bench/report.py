@@ -44,6 +44,26 @@ def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def slower_with_workers(rows: list[dict[str, Any]]) -> list[str]:
+    """A line for each configuration that loads fewer samples/s with worker
+    processes than the same contender without any, saying what to use."""
+    alone = {(r["workload"], r["contender"]): r["samples_per_s"]
+             for r in rows if r["workers"] == 0}
+    lines = []
+    for row in rows:
+        without = alone.get((row["workload"], row["contender"]))
+        rate = row["samples_per_s"]
+        if row["workers"] == 0 or not without or rate is None or rate >= without:
+            continue
+        lines.append(
+            f"SLOWER WITH WORKERS: {row['workload']} through {row['contender']} with "
+            f"{row['workers']} workers loads {rate / without:.2f}x the samples/s of 0 "
+            f"workers ({rate:,.0f} vs {without:,.0f}): its batches cost less to make than to "
+            "hand between processes here; use num_workers=0 for data like this (workers pay "
+            "off once making a batch takes longer than handing it over)")
+    return lines
+
+
 def table(outcome: Outcome) -> str:
     """The summary as a text table, with the versions and any notes."""
     rows = summarize(outcome)
@@ -69,6 +89,7 @@ def table(outcome: Outcome) -> str:
     lines.insert(1, "-" * len(lines[0]))
     plan = outcome.plan
     notes = [
+        *slower_with_workers(rows),
         " ".join(f"{k}={v}" for k, v in outcome.environment.items()),
         f"{plan.duration:g} s per measurement, median of {plan.repeats} repeat(s); "
         "ratios are of samples/s at the same number of workers",

@@ -8,6 +8,8 @@ under fastload and from a numpy Generator seeded by the index elsewhere.
 """
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -213,6 +215,37 @@ def _large() -> tuple[np.ndarray, ...]:
     return (np.full((128, 512, 512), 0.5, dtype=np.float32),)
 
 
+# The memmap workload: rows of 4 KiB in a file of 1 GiB, written once per
+# machine (under the temporary directory) and then read through the page
+# cache, as a dataset memory-mapped from local disk is.
+MEMMAP_ROWS = 1 << 18
+MEMMAP_WIDTH = 1024
+
+
+def memmap_path() -> str:
+    return os.path.join(tempfile.gettempdir(),
+                        f"fastload-bench-memmap-{MEMMAP_ROWS}x{MEMMAP_WIDTH}.f32")
+
+
+def _memmap() -> tuple[np.ndarray, ...]:
+    """Row i holds the value i everywhere. The file is written to a
+    temporary name and renamed, so a bench stopped halfway never leaves a
+    short file behind that a later run would take as complete."""
+    path, shape = memmap_path(), (MEMMAP_ROWS, MEMMAP_WIDTH)
+    if not os.path.exists(path):
+        partial = f"{path}.{os.getpid()}"
+        rows = np.memmap(partial, np.float32, "w+", shape=shape)
+        chunk = 4096
+        for start in range(0, MEMMAP_ROWS, chunk):
+            stop = min(start + chunk, MEMMAP_ROWS)
+            rows[start:stop] = np.arange(start, stop, dtype=np.float32)[:, None]
+        rows.flush()
+        del rows
+        os.replace(partial, path)
+    # Copy-on-write: writable for torch.from_numpy, and the file stays as it is.
+    return np.memmap(path, np.float32, "c", shape=shape), _labels(MEMMAP_ROWS)
+
+
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("rows", "65536 rows of 64 float32 + int64 label", 256, _rows),
     Workload("images", "4096 uint8 images 3x64x64 + int64 label", 128, _images),
@@ -225,4 +258,7 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("ragged", "8192 int32 token sequences, lognormal lengths (mean 300, max 4096), "
              "padded per batch: fastload.pad_collate against the Python padding collate_fn "
              "of each baseline", 64, _token_sequences, ragged=True),
+    Workload("memmap", "np.memmap of 1 GiB on local disk, rows of 1024 float32 + int64 label "
+             "(written once under the temporary directory)", 128, _memmap,
+             bandwidth_bound=True),
 )}

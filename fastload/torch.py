@@ -1,0 +1,169 @@
+"""``fastload.torch``: the names of ``torch.utils.data``, loading with
+fastload's engine and returning torch's types.
+
+Frameworks decide what to do with a loader by looking at it: Lightning and
+accelerate shard only loaders that are ``torch.utils.data.DataLoader``
+instances, and re-create them from their attributes with a distributed
+sampler. So this ``DataLoader`` *is* one: torch's ``__init__`` checks the
+arguments and sets torch's attributes (``dataset``, ``batch_size``,
+``sampler``, ``batch_sampler``, ``collate_fn``, ``generator``...), and a
+``fastload.DataLoader`` built over those same samplers loads the batches.
+Iterating draws from ``loader.sampler`` / ``loader.batch_sampler`` exactly as
+torch does, so the order is torch's and a framework that swaps the sampler
+swaps what is loaded. Every numeric leaf comes out as a tensor, as torch's
+``default_collate`` makes them.
+
+Importing this module imports torch; ``import fastload`` never does.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.utils.data as _torch_data
+from torch.utils.data import (
+    BatchSampler,
+    ChainDataset,
+    ConcatDataset,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    StackDataset,
+    Subset,
+    SubsetRandomSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+    get_worker_info,
+    random_split,
+)
+
+from fastload import collate as _collate
+from fastload import loader as _loader
+from fastload._stats import LoaderStats
+from fastload.distributed import warn_if_not_sharded
+
+__all__ = [
+    "BatchSampler",
+    "ChainDataset",
+    "ConcatDataset",
+    "DataLoader",
+    "Dataset",
+    "DistributedSampler",
+    "IterableDataset",
+    "RandomSampler",
+    "Sampler",
+    "SequentialSampler",
+    "StackDataset",
+    "Subset",
+    "SubsetRandomSampler",
+    "TensorDataset",
+    "WeightedRandomSampler",
+    "default_collate",
+    "default_convert",
+    "get_worker_info",
+    "random_split",
+]
+
+
+def default_collate(batch: Any) -> Any:
+    """torch's default_collate, computed by fastload's: tensors for every
+    numeric leaf, strings kept, containers as torch makes them."""
+    return _collate.arrays_to_tensors(_collate.default_collate(batch))
+
+
+def default_convert(data: Any) -> Any:
+    """torch's default_convert: numpy arrays and scalars become tensors."""
+    return _collate.arrays_to_tensors(_collate.default_convert(data))
+
+
+# Collate functions that mean "the default": fastload's own then runs, with
+# its C paths in workers, and the batch's leaves become tensors.
+_DEFAULTS = (default_collate, default_convert, _torch_data.default_collate,
+             _torch_data.default_convert, _collate.default_collate, _collate.default_convert)
+
+
+_RANDOM_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+
+
+class DataLoader(_torch_data.DataLoader):  # type: ignore[type-arg]
+    """``torch.utils.data.DataLoader`` in arguments, defaults, errors,
+    attributes and ``isinstance``; fastload's engine underneath (see the
+    module docstring). Also ``state_dict()``, ``load_state_dict()`` and
+    ``stats()`` of ``fastload.DataLoader``."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int = 0,
+        collate_fn: Any = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Any = None,
+        multiprocessing_context: Any = None,
+        generator: Any = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+    ) -> None:
+        super().__init__(
+            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
+            pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device, in_order=in_order)
+        # torch resolved the samplers; fastload draws from those very objects.
+        # An iterable dataset has none to share: fastload batches its stream.
+        iterable = self._dataset_kind == _torch_data.dataloader._DatasetKind.Iterable
+        if iterable:
+            samplers: dict[str, Any] = {"batch_size": self.batch_size,
+                                        "drop_last": self.drop_last}
+        elif self.batch_sampler is not None:
+            samplers = {"batch_sampler": self.batch_sampler}
+        else:
+            samplers = {"sampler": self.sampler, "batch_size": None}
+        self._fastload = _loader.DataLoader(
+            dataset, num_workers=num_workers,
+            collate_fn=None if self.collate_fn in _DEFAULTS else self.collate_fn,
+            pin_memory=pin_memory, timeout=timeout, worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
+            # Without a generator torch draws the base seed from its global
+            # RNG, before its RandomSampler draws: so does fastload here.
+            generator=torch.default_generator if generator is None else generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device, in_order=in_order, output="torch",
+            **samplers)
+
+    def __iter__(self) -> Any:
+        warn_if_not_sharded(self._fastload._index_sampler,
+                            self._dataset_kind == _torch_data.dataloader._DatasetKind.Map)
+        return iter(self._fastload)
+
+    def __len__(self) -> int:
+        return len(self._fastload)
+
+    def state_dict(self) -> dict[str, Any]:
+        """fastload.DataLoader's state (NOTE [ Resume contract ]). Refused
+        for torch's random samplers: they keep no state, and drawing their
+        permutation again on resume would give other batches."""
+        sampler = getattr(self.batch_sampler, "sampler", self.sampler)
+        if isinstance(sampler, _RANDOM_SAMPLERS) and not hasattr(sampler, "state_dict"):
+            raise ValueError(
+                f"state_dict() cannot resume torch's {type(sampler).__name__}: it keeps no "
+                "state, so a resumed run would shuffle differently; use fastload.DataLoader "
+                "with shuffle=True (its samplers resume exactly) or a sampler with state_dict()")
+        return self._fastload.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._fastload.load_state_dict(state)
+
+    def stats(self) -> LoaderStats | None:
+        return self._fastload.stats()

@@ -1,0 +1,123 @@
+"""Tensors out when tensors go in, whatever num_workers; numpy in, numpy out;
+``output`` forces one kind."""
+import numpy as np
+import pytest
+
+import fastload as fl
+from fastload_c.slab import Lease
+
+torch = pytest.importorskip("torch", reason="tensor batches need torch installed")
+from torch.utils import data as td  # noqa: E402
+
+
+class TensorSamples(fl.Dataset):
+    """Tensor leaves (an image and a 0-d label) beside a numpy leaf and an int."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        image = torch.arange(12, dtype=torch.float32).reshape(3, 4) * (i + 1)
+        return {"image": image, "label": torch.tensor(i), "mask": np.full(2, i % 2, np.bool_),
+                "index": i}
+
+
+class MixedDtypes(TensorSamples):
+    """Samples whose image dtypes differ: torch.stack promotes them, which
+    the slot writer leaves to default_collate (the general path)."""
+
+    def __getitem__(self, i):
+        sample = super().__getitem__(i)
+        sample["image"] = sample["image"].to(torch.float64 if i % 2 else torch.float32)
+        return sample
+
+
+def torchs_batches(dataset):
+    return list(td.DataLoader(dataset, batch_size=4))
+
+
+def assert_tensor_equal(ours, theirs):
+    assert type(ours) is torch.Tensor, type(ours)
+    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+    assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("dataset_type", [TensorSamples, MixedDtypes])
+@pytest.mark.parametrize("num_workers,context", [(0, None), (2, "fork"), (2, "spawn")])
+def test_tensor_samples_give_torchs_batches(dataset_type, num_workers, context):
+    dataset = dataset_type()
+    loader = fl.DataLoader(dataset, batch_size=4, num_workers=num_workers,
+                           multiprocessing_context=context)
+    ours = list(loader)
+    theirs = torchs_batches(dataset)
+    assert len(ours) == len(theirs) == 3
+    for a, b in zip(ours, theirs):
+        assert_tensor_equal(a["image"], b["image"])
+        assert_tensor_equal(a["label"], b["label"])
+        # numpy leaves stay numpy; torch's loader turns them into tensors.
+        assert type(a["mask"]) is np.ndarray and np.array_equal(a["mask"], b["mask"].numpy())
+        assert type(a["index"]) is np.ndarray and a["index"].tolist() == b["index"].tolist()
+
+
+def _lease_of(array):
+    base = array
+    while base is not None and not isinstance(base, Lease):
+        base = base.base
+    return base
+
+
+def test_tensor_batches_from_workers_lie_in_the_slot():
+    loader = fl.DataLoader(TensorSamples(), batch_size=4, num_workers=2)
+    for batch in loader:
+        # The numpy leaf of the same batch names the slot (its lease).
+        lease = _lease_of(batch["mask"])
+        assert lease is not None
+        slot = np.frombuffer(lease, np.uint8)
+        for key in ("image", "label"):
+            assert np.shares_memory(batch[key].numpy(), slot), key
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_output_numpy_forces_numpy_arrays(num_workers):
+    dataset = TensorSamples()
+    ours = list(fl.DataLoader(dataset, batch_size=4, num_workers=num_workers, output="numpy"))
+    for a, b in zip(ours, torchs_batches(dataset)):
+        for key in ("image", "label", "mask", "index"):
+            assert type(a[key]) is np.ndarray, key
+            assert a[key].dtype == b[key].numpy().dtype and np.array_equal(a[key], b[key].numpy())
+    if num_workers:
+        assert np.shares_memory(ours[0]["image"], np.frombuffer(_lease_of(ours[0]["mask"]),
+                                                                np.uint8))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_output_torch_forces_tensors_and_numpy_in_gives_numpy_out(num_workers):
+    dataset = TensorSamples()
+    forced = next(iter(fl.DataLoader(dataset, batch_size=4, num_workers=num_workers,
+                                     output="torch")))
+    assert all(type(forced[key]) is torch.Tensor for key in ("image", "label", "mask", "index"))
+    arrays = fl.ArrayDataset(np.zeros((8, 2), np.float32), np.arange(8))
+    x, y = next(iter(fl.DataLoader(arrays, batch_size=4, num_workers=num_workers)))
+    assert type(x) is np.ndarray and type(y) is np.ndarray
+
+
+def test_tensor_batches_without_automatic_batching_stay_tensors():
+    loader = fl.DataLoader(TensorSamples(), batch_size=None, num_workers=2)
+    sample = next(iter(loader))
+    assert type(sample["image"]) is torch.Tensor and type(sample["mask"]) is np.ndarray
+
+
+class BareTensors(fl.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.full((2,), float(i))
+
+
+@pytest.mark.xfail(not torch.accelerator.is_available(), strict=True, raises=RuntimeError,
+                   reason="MultiProcessingIter pins any batch with a pin_memory method even "
+                          "without an accelerator; a batch that is one tensor has one")
+def test_pin_memory_without_an_accelerator_leaves_tensor_batches_as_they_are():
+    batches = list(fl.DataLoader(BareTensors(), batch_size=4, num_workers=2, pin_memory=True))
+    assert [b[:, 0].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7]]

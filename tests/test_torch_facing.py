@@ -1,0 +1,191 @@
+"""fastload.torch: a torch.utils.data.DataLoader to frameworks, fastload's
+engine underneath, torch's types out."""
+import inspect
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="fastload.torch needs torch installed")
+from torch.utils import data as td  # noqa: E402
+
+import fastload.torch as flt  # noqa: E402
+
+from _launch import REPO, clean_env, finish, free_port  # noqa: E402
+
+
+class Rows(td.Dataset):
+    """numpy samples, as a torch user's dataset returns them."""
+
+    def __len__(self):
+        return 22
+
+    def __getitem__(self, i):
+        return {"x": np.full(3, i, np.float32), "label": i, "name": f"row{i}"}
+
+
+def indices(batches):
+    return [int(i) for batch in batches for i in batch["label"]]
+
+
+def test_it_is_torchs_dataloader_with_torchs_attributes():
+    dataset = Rows()
+    generator = torch.Generator().manual_seed(3)
+    loader = flt.DataLoader(dataset, batch_size=4, shuffle=True, num_workers=2,
+                            drop_last=True, generator=generator, persistent_workers=True)
+    reference = td.DataLoader(dataset, batch_size=4, shuffle=True, num_workers=2,
+                              drop_last=True, generator=generator, persistent_workers=True)
+    assert isinstance(loader, td.DataLoader)
+    for name in ("dataset", "batch_size", "num_workers", "drop_last", "pin_memory", "timeout",
+                 "worker_init_fn", "generator", "prefetch_factor", "persistent_workers",
+                 "in_order", "collate_fn", "multiprocessing_context"):
+        assert getattr(loader, name) == getattr(reference, name), name
+    assert type(loader.sampler) is td.RandomSampler and type(loader.batch_sampler) is td.BatchSampler
+    assert loader.batch_sampler.sampler is loader.sampler
+    assert len(loader) == len(reference) == 5
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_batches_are_torchs_batches(num_workers):
+    torch.manual_seed(11)
+    theirs = list(td.DataLoader(Rows(), batch_size=5, shuffle=True))
+    torch.manual_seed(11)
+    ours = list(flt.DataLoader(Rows(), batch_size=5, shuffle=True, num_workers=num_workers))
+    assert len(ours) == len(theirs) == 5
+    for a, b in zip(ours, theirs):
+        for key in ("x", "label"):
+            assert type(a[key]) is torch.Tensor and a[key].dtype == b[key].dtype
+            assert torch.equal(a[key], b[key])
+        assert a["name"] == b["name"]
+
+
+class Stream(td.IterableDataset):
+    """torch's sharding recipe: each worker yields its own part."""
+
+    def __iter__(self):
+        info = td.get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, 10, step))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_iterable_datasets_and_no_batching(num_workers):
+    loader = flt.DataLoader(Stream(), batch_size=3, num_workers=num_workers)
+    batches = list(loader)
+    assert all(type(b) is torch.Tensor and b.dtype == torch.int64 for b in batches)
+    assert sorted(int(i) for b in batches for i in b) == list(range(10))
+    samples = list(flt.DataLoader(Rows(), batch_size=None, num_workers=num_workers))
+    assert len(samples) == 22 and type(samples[5]["x"]) is torch.Tensor
+    assert samples[5]["x"].tolist() == [5.0] * 3
+
+
+def test_resume_is_exact_or_refused():
+    loader = flt.DataLoader(Rows(), batch_size=4, sampler=flt.SequentialSampler(Rows()))
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    rest = indices(it)
+    resumed = flt.DataLoader(Rows(), batch_size=4, sampler=flt.SequentialSampler(Rows()))
+    resumed.load_state_dict(state)
+    assert indices(resumed) == rest == list(range(4, 22))
+    shuffled = flt.DataLoader(Rows(), batch_size=4, shuffle=True)
+    next(iter(shuffled))
+    with pytest.raises(ValueError, match="RandomSampler: it keeps no state"):
+        shuffled.state_dict()
+
+
+def test_default_collate_and_convert_are_torchs():
+    samples = [Rows()[i] for i in range(3)]
+    ours, theirs = flt.default_collate(samples), td.default_collate(samples)
+    assert all(torch.equal(ours[k], theirs[k]) and ours[k].dtype == theirs[k].dtype
+               for k in ("x", "label"))
+    converted = flt.default_convert(samples[0])
+    assert type(converted["x"]) is torch.Tensor and converted["label"] == 0
+
+
+def recreate_with(loader, sampler):
+    """What Lightning does to inject a sampler: every __init__ argument read
+    back from the loader's attributes, then the sampler swapped in."""
+    attributes = {k: v for k, v in vars(loader).items() if not k.startswith("_")}
+    attributes["multiprocessing_context"] = loader.multiprocessing_context
+    parameters = inspect.signature(type(loader).__init__).parameters
+    kwargs = {name: attributes[name] for name in parameters if name in attributes}
+    kwargs.update(sampler=sampler, shuffle=False, batch_sampler=None,
+                  batch_size=loader.batch_size, drop_last=loader.drop_last)
+    return type(loader)(**kwargs)
+
+
+def test_recreated_with_a_distributed_sampler_each_rank_loads_its_share():
+    dataset = Rows()
+    loader = flt.DataLoader(dataset, batch_size=4, shuffle=True, num_workers=2)
+    shares = []
+    for rank in range(2):
+        sampler = td.DistributedSampler(dataset, num_replicas=2, rank=rank, seed=5)
+        recreated = recreate_with(loader, sampler)
+        assert type(recreated) is flt.DataLoader and recreated.sampler is sampler
+        assert recreated.num_workers == 2 and len(recreated) == 3
+        shares.append(indices(recreated))
+    assert not set(shares[0]) & set(shares[1])
+    assert sorted(shares[0] + shares[1]) == list(range(len(dataset)))
+
+
+def test_lightnings_own_reinstantiation():
+    data = pytest.importorskip("lightning.fabric.utilities.data",
+                               reason="Lightning is not installed (an optional integration test)")
+    dataset = Rows()
+    loader = flt.DataLoader(dataset, batch_size=4, shuffle=True)
+    shares = []
+    for rank in range(2):
+        sampler = td.DistributedSampler(dataset, num_replicas=2, rank=rank)
+        recreated = data._update_dataloader(loader, sampler)
+        assert isinstance(recreated, flt.DataLoader)
+        shares.append(indices(recreated))
+    assert sorted(shares[0] + shares[1]) == list(range(len(dataset)))
+
+
+def test_accelerates_batch_sampler_sharding():
+    data_loader = pytest.importorskip(
+        "accelerate.data_loader", reason="accelerate is not installed (an optional integration test)")
+    dataset = Rows()
+    shares = [indices(data_loader.prepare_data_loader(
+        flt.DataLoader(dataset, batch_size=2), num_processes=2, process_index=rank,
+        put_on_device=False)) for rank in range(2)]
+    assert sorted(shares[0] + shares[1]) == list(range(len(dataset)))
+
+
+RANK_SCRIPT = """
+import json, sys, warnings
+import numpy as np, torch.distributed as dist
+import fastload as fl, fastload.torch as flt
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+dataset = fl.ArrayDataset(np.arange(8))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    list(flt.DataLoader(dataset, batch_size=2, sampler=flt.DistributedSampler(dataset)))
+    sharded = len(caught)
+    for _ in range(2):
+        list(flt.DataLoader(dataset, batch_size=2, shuffle=True))
+print(json.dumps({"sharded": sharded, "messages": [str(w.message) for w in caught]}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_an_unsharded_loader_under_torch_distributed_warns_once(tmp_path):
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("this torch build has no torch.distributed with the gloo backend")
+    port = str(free_port())
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(rank), port],
+                              env=clean_env(GLOO_SOCKET_IFNAME="lo"), cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in range(2)]
+    outputs = finish(ranks, timeout=90)
+    for process, output in zip(ranks, outputs):
+        assert process.returncode == 0, output
+        report = json.loads(output.strip().splitlines()[-1])
+        assert report["sharded"] == 0
+        assert len(report["messages"]) == 1, report
+        assert "2 ranks" in report["messages"][0] and "DistributedSampler" in report["messages"][0]
