@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from fastload import _protocol
-from fastload._iterator import BaseIter, WorkerProgress
+from fastload._iterator import BaseIter, WorkerProgress, pin_target
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, LARGE, NEED, RESLOT
 from fastload._state import sampler_state
@@ -72,7 +72,9 @@ class MultiProcessingIter(BaseIter):
         self._needs: list[tuple[Any, ...]] = []
         self._owed = 0
         self._copy_out = False
-        self._pin_custom = loader.pin_memory
+        # A batch type with its own pin_memory() pins itself, when an
+        # accelerator is there to pin for (the slots themselves are pinned).
+        self._pin_custom = pin_target(loader) is not None
         self._stats.workers = [WorkerStats() for _ in range(loader.num_workers)]
         progress = self._progress
         if resume is not None and resume["workers"] is not None:

@@ -36,6 +36,7 @@ from fastload._torch import torch_or_none
 from fastload._warnings import warn_at_caller
 from fastload.collate import default_collate, default_convert
 from fastload.dataset import Dataset, _is_iterable_dataset
+from fastload.distributed import warn_if_not_sharded
 from fastload.errors import InvalidArgumentError
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
@@ -312,6 +313,7 @@ class DataLoader(Generic[T_co]):
         return iterator.stats() if iterator is not None else self._latest_stats
 
     def __iter__(self) -> BaseIter:
+        warn_if_not_sharded(self._index_sampler, self._dataset_kind is DatasetKind.MAP)
         resume, self._resume_state = self._resume_state, None
         kept_base_seed = None
         start_states = None

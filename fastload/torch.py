@@ -43,7 +43,6 @@ from torch.utils.data import (
 from fastload import collate as _collate
 from fastload import loader as _loader
 from fastload._stats import LoaderStats
-from fastload.distributed import warn_if_not_sharded
 
 __all__ = [
     "BatchSampler",
@@ -143,9 +142,7 @@ class DataLoader(_torch_data.DataLoader):  # type: ignore[type-arg]
             **samplers)
 
     def __iter__(self) -> Any:
-        warn_if_not_sharded(self._fastload._index_sampler,
-                            self._dataset_kind == _torch_data.dataloader._DatasetKind.Map)
-        return iter(self._fastload)
+        return iter(self._fastload)  # which warns when it is not sharded
 
     def __len__(self) -> int:
         return len(self._fastload)

@@ -115,9 +115,6 @@ class BareTensors(fl.Dataset):
         return torch.full((2,), float(i))
 
 
-@pytest.mark.xfail(not torch.accelerator.is_available(), strict=True, raises=RuntimeError,
-                   reason="MultiProcessingIter pins any batch with a pin_memory method even "
-                          "without an accelerator; a batch that is one tensor has one")
 def test_pin_memory_without_an_accelerator_leaves_tensor_batches_as_they_are():
     batches = list(fl.DataLoader(BareTensors(), batch_size=4, num_workers=2, pin_memory=True))
     assert [b[:, 0].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7]]
