@@ -63,6 +63,24 @@ class Progress:
         self.workers: list[WorkerProgress] | None = None
         self.next_worker = 0
 
+    def advance(self, task: Any) -> None:
+        """Move past a batch a worker loaded, being delivered. ``task`` has
+        ``worker_id``; ``sampler_state`` (not None on a snapshot step);
+        ``has_dataset_state`` and ``dataset_state`` (the worker's iterable
+        dataset after that batch); ``dataset_ended``."""
+        self.yielded += 1
+        if task.sampler_state is not None:
+            self.sampler, self.sampler_step = task.sampler_state, self.yielded
+        if self.workers is not None:
+            worker = self.workers[task.worker_id]
+            worker.yielded += 1
+            if task.has_dataset_state:
+                worker.state, worker.state_step = task.dataset_state, worker.yielded
+            # A short last batch ran the worker's iterator out: a resume must
+            # not start that iterator again.
+            worker.ended = worker.ended or task.dataset_ended
+            self.next_worker = (task.worker_id + 1) % len(self.workers)
+
 
 def _length_or_none(sampler: Any) -> float:
     """len(sampler), or infinity for a sampler without one."""
