@@ -383,3 +383,38 @@ def test_worker_method_is_checked():
     # num_workers=0 loads in the calling thread, whatever the method.
     assert [b[0].tolist() for b in fl.DataLoader(dataset, batch_size=2, **THREAD)] == [
         [0, 1], [2, 3]]
+
+
+class Exits(fl.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 3:
+            raise SystemExit(3)  # ends the thread, not the program
+        return i
+
+
+def test_a_thread_that_ends_without_a_result_ends_the_epoch():
+    loader = fl.DataLoader(Exits(), batch_size=2, num_workers=2, persistent_workers=True,
+                           **THREAD)
+    it = iter(loader)
+    assert next(it).tolist() == [0, 1]
+    with pytest.raises(fl.WorkerDiedError, match="worker thread 1 ended while loading") as info:
+        next(it)
+    assert info.value.worker_id == 1 and info.value.indices == [2, 3]
+    assert list(it) == []
+    assert not any(t.is_alive() for t in it.worker_threads)
+    # A persistent loader starts fresh threads at its next iter().
+    again = iter(loader)
+    assert again is not it and next(again).tolist() == [0, 1]
+    del again, it, loader
+
+
+def test_stats_count_each_threads_batches():
+    loader = fl.DataLoader(fl.ArrayDataset(np.arange(40)), batch_size=4, num_workers=2,
+                           **THREAD)
+    assert len(list(loader)) == 10
+    stats = loader.stats()
+    assert stats.batches == 10
+    assert [w.batches for w in stats.workers] == [5, 5]
