@@ -26,7 +26,14 @@ with ``in_order=False`` an idle one), and delivers in task order.
 * **No reliance on the GIL.** Threads and the main thread share only the
   task and result queues (``queue.SimpleQueue``, locked), the stop event,
   and what the user shares (the map-style dataset, ``collate_fn``); each
-  thread's fetcher, replica and context are its own.
+  thread's fetcher, replica, sample context and WorkerInfo are its own.
+  fastload's own shared state that threads touch: ``default_collate``'s
+  handler cache (fastload.collate), a dict each thread writes with single
+  dict operations, which are atomic under the GIL and locked per object
+  on free-threaded Python (its pruning, ``list(_handlers)`` then ``pop``,
+  tolerates another thread pruning too); the one-time install of the
+  thread-aware torch ``get_worker_info`` (fastload._worker_info), where
+  two threads installing at once install equivalent functions.
 * **Shutdown.** Threads are daemons and hold no reference to the iterator:
   when it is exhausted (without persistent workers), shut down or dropped,
   each thread is told to stop and joined for at most ``JOIN_SECONDS`` in
