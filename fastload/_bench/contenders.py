@@ -2,7 +2,7 @@
 
 A contender is a function ``(dataset, batch_size, workers, collate_fn) ->
 loader`` whose loader yields one shuffled epoch per ``iter()`` and keeps its
-worker processes between epochs (persistent workers); ``collate_fn`` None
+workers between epochs (persistent workers); ``collate_fn`` None
 means the loader's default.
 """
 from __future__ import annotations
