@@ -64,7 +64,7 @@ class Progress:
         self.next_worker = 0
 
     def advance(self, task: Any) -> None:
-        """Move past a batch a worker loaded, being delivered. ``task`` has
+        """Move past a batch a worker loaded, as it is delivered. ``task`` has
         ``worker_id``; ``sampler_state`` (not None on a snapshot step);
         ``has_dataset_state`` and ``dataset_state`` (the worker's iterable
         dataset after that batch); ``dataset_ended``."""
