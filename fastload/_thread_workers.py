@@ -26,6 +26,11 @@ a thread needs no start-up to hide, and the batches are the same either way.
   generators (fastload._worker_info.WorkerRNG). The global ``random``,
   numpy and torch generators are shared by all threads and are not seeded
   per worker: augmentations use ``sample_rng()`` or ``WorkerInfo.rng``.
+  Draws from them in a worker thread would depend on the threads'
+  scheduling, so each thread compares the global generators' states
+  around its first batch and, if they moved, the main thread warns once.
+  (The main thread's own code rarely runs in that window: at the start of
+  an epoch it is waiting for the first batch.)
 * **No reliance on the GIL.** Threads and the main thread share only the
   task and result queues (``queue.SimpleQueue``, locked), the stop event,
   and what the user shares (the map-style dataset, ``collate_fn``); each
@@ -50,10 +55,14 @@ import copy
 import itertools
 import os
 import queue
+import random
+import sys
 import threading
 import time
 import weakref
 from typing import Any, NoReturn
+
+import numpy as np
 
 from fastload._fetch import DatasetKind, create_fetcher, describe_failure, skip_batches
 from fastload._iterator import BaseIter, WorkerProgress, pin_batch, pin_target
@@ -61,6 +70,7 @@ from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK
 from fastload._sample_rng import context as sample_context
 from fastload._state import sampler_state
 from fastload._stats import WorkerStats
+from fastload._warnings import warn_at_caller
 from fastload._worker_info import WorkerInfo, set_thread_worker_info, worker_rng
 from fastload._worker_process import WorkerError
 from fastload.errors import InvalidArgumentError, WorkerDiedError
@@ -72,6 +82,23 @@ JOIN_SECONDS = 1.0
 
 # Messages to a worker thread: (TASK, task id, index, epoch), (RESET, epoch), (STOP,).
 TASK, RESET, STOP = "task", "reset", "stop"
+# A worker thread's note that the global generators moved during its first
+# batch: (GLOBAL_RNG_USED, worker id).
+GLOBAL_RNG_USED = "global rng used"
+
+GLOBAL_RNG_WARNING = (
+    "a dataset loaded by worker threads (worker_method='thread') drew from the global "
+    "random, numpy or torch generator: the threads share it, so what it draws depends on "
+    "their scheduling and differs from worker processes; draw from fastload.sample_rng() "
+    "or get_worker_info().rng instead")
+
+
+def _global_rng_states() -> tuple[Any, ...]:
+    """The states of the generators every thread of the process shares."""
+    torch = sys.modules.get("torch")
+    numpy_state = np.random.get_state(legacy=False)["state"]
+    return (random.getstate(), numpy_state["key"].tobytes(), numpy_state["pos"],
+            None if torch is None else torch.random.get_rng_state().numpy().tobytes())
 
 
 class _Task:
@@ -134,6 +161,7 @@ class _Worker:
         self.fetcher: Any = None
         self.ended = False
         self.batches_done = 0
+        self.first_batch = True
         self.thread = threading.Thread(target=self.run, args=(epoch, resume), daemon=True,
                                        name=f"fastload-worker-{worker_id}")
 
@@ -190,6 +218,8 @@ class _Worker:
             self.results.put((ENDED, task_id))
             return
         fetcher = self.fetcher
+        watched = _global_rng_states() if self.first_batch else None
+        self.first_batch = False
         started = time.perf_counter()
         try:
             if self.config.auto_collation:
@@ -209,6 +239,8 @@ class _Worker:
             self.results.put((FAILED, task_id, WorkerError(
                 exc, self.worker_id, describe_failure(index))))
             return
+        if watched is not None and _global_rng_states() != watched:
+            self.results.put((GLOBAL_RNG_USED, self.worker_id))
         self.batches_done += 1
         has_state = self.stateful and self.batches_done % self.config.snapshot_every == 0
         state = self.dataset.state_dict() if has_state else None
@@ -246,6 +278,7 @@ class ThreadIter(BaseIter):
         self._tasks: dict[int, _Task] = {}  # in flight
         self._ready: dict[int, tuple[_Task, Any]] = {}
         self._results: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._warned_global_rng = False
         self._stats.workers = [WorkerStats() for _ in range(workers)]
         progress = self._progress
         resumed: list[WorkerProgress | None] = [None] * workers
@@ -431,6 +464,11 @@ class ThreadIter(BaseIter):
             # worker_init_fn or the thread's set-up failed: the epoch cannot go on.
             self._stop()
             message[2].reraise(os.getpid())
+        if kind == GLOBAL_RNG_USED:
+            if not self._warned_global_rng:
+                self._warned_global_rng = True
+                warn_at_caller(GLOBAL_RNG_WARNING)
+            return
         task = self._tasks.pop(task_id, None)
         if task is None:
             return  # a task of an epoch left before its end (see _reset)

@@ -418,3 +418,40 @@ def test_stats_count_each_threads_batches():
     stats = loader.stats()
     assert stats.batches == 10
     assert [w.batches for w in stats.workers] == [5, 5]
+
+
+class GlobalDraws(fl.Dataset):
+    """Draws from one of the process-wide generators (the torch idiom)."""
+
+    def __init__(self, which):
+        self.which = which
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        if self.which == "numpy":
+            return np.random.random()
+        if self.which == "random":
+            import random
+            return random.random()
+        return float(torch.rand(()))
+
+
+GLOBALS = ["numpy", "random"] + (["torch"] if torch is not None else [])
+
+
+@pytest.mark.parametrize("which", GLOBALS)
+def test_drawing_from_a_global_generator_in_a_thread_warns_once(which, recwarn):
+    list(fl.DataLoader(GlobalDraws(which), batch_size=2, num_workers=2, **THREAD))
+    said = [w for w in recwarn if "global random, numpy or torch generator" in str(w.message)]
+    assert len(said) == 1
+    assert said[0].filename == __file__  # at the user's line
+
+
+def test_datasets_that_leave_the_global_generators_alone_do_not_warn(recwarn):
+    list(fl.DataLoader(Augmented(), batch_size=2, num_workers=2, generator=1, **THREAD))
+    list(fl.DataLoader(fl.ArrayDataset(np.arange(10)), batch_size=2, shuffle=True,
+                       num_workers=2, **THREAD))
+    list(fl.DataLoader(WhoLoads(), batch_size=2, num_workers=2, **THREAD))
+    assert not [w for w in recwarn if "global random" in str(w.message)]
