@@ -4,9 +4,10 @@
 
 The full matrix of ``python -m fastload bench`` (the same runner, in
 fastload/_bench): workloads rows, images, augment and large; contenders
-fastload, torch and python-mp with 0, 1 and 2 workers, plus memcpy beside
-the large samples; every measurement in a fresh process, the contenders of
-one cell in rotating order, peak PSS sampled. Then checks issue 5's targets
+fastload, fastload-thread (with workers only), torch and python-mp with 0,
+1 and 2 workers, plus memcpy beside the large samples; every measurement in
+a fresh process, the contenders of one cell in rotating order, peak PSS
+sampled. Then checks issue 5's targets
 on ratios paired within each repeat.
 """
 from __future__ import annotations

@@ -187,3 +187,31 @@ def create_fetcher(
 ) -> DatasetFetcher:
     fetcher = MapDatasetFetcher if kind is DatasetKind.MAP else IterableDatasetFetcher
     return fetcher(dataset, auto_collation, collate_fn, drop_last)
+
+
+def describe_failure(index: Any) -> str:
+    """Where a worker's fetch of ``index`` failed, for its error message:
+    the sample being fetched when it raised (kept in the sample context,
+    NOTE [ Per-sample randomness ]), else the batch's indices."""
+    failed_at = sample_context.index
+    sample_context.index = None
+    if failed_at is not None:
+        return f"while loading index {failed_at}"
+    if index is None:
+        return "while loading from its iterable dataset"
+    return f"while loading indices {index}"
+
+
+def skip_batches(fetcher: DatasetFetcher, count: int, batch_size: int | None) -> None:
+    """Read and drop the next ``count`` batches of an iterable dataset's
+    fetcher: those a worker delivered after the dataset state a resume
+    starts from (NOTE [ Resume contract ] in fastload._state). A batch
+    that failed was delivered as its exception, so it counts as read."""
+    index = None if batch_size is None else [None] * batch_size
+    for _ in range(count):
+        try:
+            fetcher.fetch(index)
+        except StopIteration:
+            return
+        except Exception:
+            pass

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from fastload import _seed
-from fastload._fetch import DatasetKind, create_fetcher
+from fastload._fetch import DatasetKind, create_fetcher, skip_batches
 from fastload._sample_rng import context as sample_context
 from fastload._state import dataset_state, sampler_state
 from fastload._stats import LoaderStats
@@ -79,6 +79,28 @@ class Progress:
             if self.yielded not in self.beyond:
                 return
             sampler_state = self.beyond.pop(self.yielded)
+
+    def advance(self, task: Any) -> None:
+        """Move past a batch a worker loaded, as it is delivered. ``task`` has
+        ``worker_id``; ``position`` in the epoch (map-style: see ``deliver``);
+        ``sampler_state`` (not None on a snapshot step);
+        ``has_dataset_state`` and ``dataset_state`` (the worker's iterable
+        dataset after that batch); ``dataset_ended``."""
+        if self.workers is None:
+            self.deliver(task.position, task.sampler_state)
+            return
+        self.yielded += 1
+        if task.sampler_state is not None:
+            self.sampler, self.sampler_step = task.sampler_state, self.yielded
+        if self.workers is not None:
+            worker = self.workers[task.worker_id]
+            worker.yielded += 1
+            if task.has_dataset_state:
+                worker.state, worker.state_step = task.dataset_state, worker.yielded
+            # A short last batch ran the worker's iterator out: a resume must
+            # not start that iterator again.
+            worker.ended = worker.ended or task.dataset_ended
+            self.next_worker = (task.worker_id + 1) % len(self.workers)
 
 
 def _length_or_none(sampler: Any) -> float:
@@ -329,13 +351,8 @@ class SingleProcessIter(BaseIter):
             if resume["dataset_ended"]:
                 self._fetcher.ended = True  # type: ignore[attr-defined]
             else:
-                for _ in range(progress.yielded - progress.dataset_step):
-                    try:
-                        self._fetcher.fetch(next(self._sampler_iter))
-                    except StopIteration:
-                        break
-                    except Exception:
-                        pass  # that batch was delivered as its exception
+                skip_batches(self._fetcher, progress.yielded - progress.dataset_step,
+                             loader.batch_size if self._auto_collation else None)
 
     def _stream_state(self) -> Any:
         """The dataset's position now: a map-style dataset's own state, or

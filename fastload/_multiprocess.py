@@ -30,8 +30,8 @@ from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, LARGE, NEED, RESL
 from fastload._state import sampler_state
 from fastload._stats import LoaderStats, WorkerStats
 from fastload._task_table import STREAM_ENDED, Failure, Task, TaskTable
+from fastload._worker_error import WorkerError
 from fastload._worker_group import WorkerGroup, WorkerGroupDied, describe_exit
-from fastload._worker_process import WorkerError
 from fastload.errors import ShmError, WorkerDiedError
 from fastload_c import pack
 
@@ -312,7 +312,7 @@ class MultiProcessingIter(BaseIter):
                     task.lease = None
                 # A failed batch is delivered as its exception: the epoch
                 # goes on after it, as in the main process and in torch.
-                self._delivered(task)
+                self._progress.advance(task)
                 if self._workers.pool.free_slots:
                     self._dispatch()
                 else:
@@ -370,22 +370,6 @@ class MultiProcessingIter(BaseIter):
                 # starts (None: a new iterator then starts afresh).
                 worker.ended = True
                 worker.state, worker.state_step = task.dataset_state, worker.yielded
-
-    def _delivered(self, task: Task) -> None:
-        """Move the progress past the batch being yielded."""
-        progress = self._progress
-        if progress.workers is None:
-            progress.deliver(task.position, task.sampler_state)  # type: ignore[arg-type]
-        else:
-            progress.yielded += 1
-            worker = progress.workers[task.worker_id]
-            worker.yielded += 1
-            if task.has_dataset_state:
-                worker.state, worker.state_step = task.dataset_state, worker.yielded
-            # A short last batch ran the worker's iterator out: a resume must
-            # not start that iterator again.
-            worker.ended = worker.ended or task.dataset_ended
-            progress.next_worker = (task.worker_id + 1) % len(progress.workers)
 
     def _pump(self, deadline: float | None, defer_needs: bool = False) -> None:
         """Handle the messages waiting on the result rings, first sleeping

@@ -19,15 +19,16 @@ single current index, so pass it: ``sample_rng(i)``.
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
 
 
-class SampleContext:
-    """Where the current process is: set by the loader and its fetchers."""
-
-    __slots__ = ("base_seed", "epoch", "index")
+class SampleContext(threading.local):
+    """Where the current thread is: set by the loader and its fetchers.
+    Thread-local, because thread workers fetch different samples at once
+    in one process (fastload._thread_workers)."""
 
     def __init__(self) -> None:
         self.base_seed: int | None = None

@@ -1,13 +1,19 @@
 """Which worker this is, for code that runs inside datasets.
 
 Kept apart from the worker loop so that datasets, the single-process loader
-and the worker processes share it without importing each other.
+and the workers share it without importing each other. A worker process
+has one WorkerInfo for the whole process; a thread worker has its own, seen
+only by its thread (``set_thread_worker_info``).
 """
 from __future__ import annotations
 
+import random
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,12 +32,40 @@ class WorkerInfo:
     worker_method: str | None = "multiprocessing"
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerRNG:
+    """A thread worker's own generators (torch 2.13's ``_RNG``): the global
+    ``random``, numpy and torch generators are shared by every thread of a
+    process, so a thread worker draws from these instead. Each comes from
+    (base seed, worker id) alone: independent between workers and the same
+    in every run with the same loader ``generator``. ``torch_generator`` is
+    None where torch is not loaded."""
+
+    random_generator: random.Random
+    numpy_generator: np.random.Generator
+    torch_generator: Any = None
+
+
+def worker_rng(base_seed: int, worker_id: int) -> WorkerRNG:
+    """The generators of thread worker ``worker_id`` under ``base_seed``."""
+    seed = (base_seed + worker_id) % 2**64
+    torch = sys.modules.get("torch")
+    torch_generator = None if torch is None else torch.Generator().manual_seed(seed)
+    return WorkerRNG(random.Random(seed),
+                     np.random.default_rng(np.random.SeedSequence([base_seed, worker_id])),
+                     torch_generator)
+
+
 _current: WorkerInfo | None = None
+# A thread worker's WorkerInfo (``info``) and torch's (``torch_info``).
+_thread = threading.local()
 
 
 def get_worker_info() -> WorkerInfo | None:
-    """The WorkerInfo of this worker; None in the main process."""
-    return _current
+    """The WorkerInfo of this worker (process or thread); None in the main
+    process, outside thread workers."""
+    info: WorkerInfo | None = getattr(_thread, "info", None)
+    return _current if info is None else info
 
 
 def set_worker_info(info: WorkerInfo | None) -> None:
@@ -45,12 +79,53 @@ def set_worker_info(info: WorkerInfo | None) -> None:
         _set_torch_worker_info(info)
 
 
+def set_thread_worker_info(info: WorkerInfo | None) -> None:
+    """Called by a thread worker when it starts (and with None when it
+    ends): ``get_worker_info()`` answers ``info`` in this thread only, and
+    so does torch's where torch is loaded (see _torch_thread_aware)."""
+    _thread.info = info
+    if "torch" in sys.modules:
+        _torch_thread_aware()
+        _thread.torch_info = None if info is None else _torch_worker_info(info)
+
+
 def _set_torch_worker_info(info: WorkerInfo | None) -> None:
     from torch.utils.data._utils import worker as torch_worker
 
-    if info is None:
-        torch_worker._worker_info = None
+    torch_worker._worker_info = None if info is None else _torch_worker_info(info)
+
+
+def _torch_thread_aware() -> None:
+    """Make torch's ``get_worker_info()`` answer a thread worker's info in
+    that thread. torch keeps its answer in one module global, which cannot
+    differ between threads, so its function is replaced, once, by one that
+    asks this thread first and torch's original otherwise. Code that bound
+    torch's original (``from torch.utils.data import get_worker_info``)
+    before the first thread worker started keeps the original, which
+    answers None in a thread worker."""
+    import torch.utils.data as torch_data
+    from torch.utils.data import dataloader as torch_dataloader
+    from torch.utils.data._utils import worker as torch_worker
+
+    original = torch_worker.get_worker_info
+    if getattr(original, "fastload_thread_aware", False):
         return
+
+    def get_worker_info() -> Any:
+        info = getattr(_thread, "torch_info", None)
+        return original() if info is None else info
+
+    get_worker_info.__doc__ = original.__doc__
+    get_worker_info.fastload_thread_aware = True  # type: ignore[attr-defined]
+    for module in (torch_worker, torch_dataloader, torch_data):
+        if getattr(module, "get_worker_info", None) is original:
+            module.get_worker_info = get_worker_info  # type: ignore[attr-defined]
+
+
+def _torch_worker_info(info: WorkerInfo) -> Any:
+    """torch's WorkerInfo with the fields of ``info``."""
+    from torch.utils.data._utils import worker as torch_worker
+
     fields = dict(id=info.id, num_workers=info.num_workers, seed=info.seed,
                   dataset=info.dataset)
     try:
@@ -58,4 +133,4 @@ def _set_torch_worker_info(info: WorkerInfo | None) -> None:
             **fields, rng=info.rng, worker_method=info.worker_method)
     except TypeError:  # a torch before 2.13: no rng, no worker_method
         torch_info = torch_worker.WorkerInfo(**fields)
-    torch_worker._worker_info = torch_info
+    return torch_info

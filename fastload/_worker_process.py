@@ -13,7 +13,6 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from collections import deque
 from typing import Any
 
@@ -21,7 +20,7 @@ import numpy as np
 
 from fastload import _protocol
 from fastload._fast_path import BatchWriter
-from fastload._fetch import DatasetKind, create_fetcher
+from fastload._fetch import DatasetKind, create_fetcher, describe_failure, skip_batches
 from fastload._protocol import (
     DONE,
     ENDED,
@@ -36,6 +35,7 @@ from fastload._protocol import (
     TASK_INDEX_IN_SLOT,
 )
 from fastload._sample_rng import context as sample_context
+from fastload._worker_error import WorkerError
 from fastload._worker_info import WorkerInfo, set_worker_info
 from fastload.errors import RingClosedError, ShmError
 from fastload_c import proc
@@ -54,58 +54,6 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-class WorkerError:
-    """An exception raised in a worker, in a form that crosses processes:
-    its type, message and traceback text, the worker and the index."""
-
-    def __init__(self, exc: BaseException, worker_id: int, where: str) -> None:
-        self.exc_type = type(exc)
-        self.text = "".join(traceback.format_exception(exc))
-        self.worker_id = worker_id
-        self.where = where
-
-    def __reduce__(self) -> Any:
-        # An exception type that cannot be pickled (defined in a closure, say)
-        # still reaches the main process as RuntimeError with its text.
-        try:
-            pickle.dumps(self.exc_type)
-            exc_type: type = self.exc_type
-        except Exception:
-            exc_type = RuntimeError
-        return (_rebuild_worker_error, (exc_type, self.text, self.worker_id, self.where))
-
-    def reraise(self, pid: int) -> None:
-        # Raised from a call, so no frame of ours holds the exception in a
-        # local: a cycle would keep the iterator (and its workers) alive.
-        raise self.exception(pid)
-
-    def exception(self, pid: int) -> BaseException:
-        """The worker's exception, rebuilt in this process."""
-        message = (
-            f"Caught {self.exc_type.__name__} in DataLoader worker {self.worker_id} "
-            f"(pid {pid}) {self.where}.\nOriginal {self.text}"
-        )
-        if self.exc_type is KeyError:
-            # KeyError's str() is the repr of its argument: keep the text readable.
-            message = _ReadableKeyErrorMessage(message)
-        try:
-            exc: BaseException = self.exc_type(message)
-        except Exception:
-            exc = RuntimeError(message)
-        return exc
-
-
-class _ReadableKeyErrorMessage(str):
-    def __repr__(self) -> str:
-        return self
-
-
-def _rebuild_worker_error(exc_type: type, text: str, worker_id: int, where: str) -> WorkerError:
-    error = WorkerError.__new__(WorkerError)
-    error.exc_type, error.text, error.worker_id, error.where = exc_type, text, worker_id, where
-    return error
 
 
 def seed_worker(base_seed: int, worker_id: int) -> int:
@@ -216,14 +164,8 @@ class _Worker:
         self.new_fetcher()
         # After iter(), as torchdata does (see IterableDatasetFetcher.restore).
         self.fetcher.restore(progress["state"])
-        index = [None] * self.config["batch_size"] if self.auto_collation else None
-        for _ in range(progress["yielded"] - progress["state_step"]):
-            try:
-                self.fetcher.fetch(index)
-            except StopIteration:
-                break
-            except Exception:
-                pass  # a batch that failed was delivered as its exception
+        skip_batches(self.fetcher, progress["yielded"] - progress["state_step"],
+                     self.config["batch_size"] if self.auto_collation else None)
         self.batches_done = progress["yielded"]
         self.ended = progress["ended"]
 
@@ -315,7 +257,7 @@ class _Worker:
             return
 
     def fail(self, task_id: int, exc: BaseException, index: Any) -> None:
-        self.reply(FAILED, task_id, WorkerError(exc, self.worker_id, self.describe(index)))
+        self.reply(FAILED, task_id, WorkerError(exc, self.worker_id, describe_failure(index)))
 
     def await_reslot(self, task_id: int, needed: int) -> tuple[Any, int]:
         """Ask for a slot of ``needed`` bytes and wait for it, keeping the
@@ -332,15 +274,6 @@ class _Worker:
                 self.receive_segment(message[1], message[2])
             else:
                 held.append(message)
-
-    def describe(self, index: Any) -> str:
-        failed_at = sample_context.index
-        sample_context.index = None
-        if failed_at is not None:
-            return f"while loading index {failed_at}"
-        if index is None:
-            return "while loading from its iterable dataset"
-        return f"while loading indices {index}"
 
 
 def worker_main(config: dict[str, Any], task_ring: Any, result_ring: Any,

@@ -32,6 +32,7 @@ from fastload._state import (
     sampler_state,
 )
 from fastload._stats import LoaderStats
+from fastload._thread_workers import ThreadIter
 from fastload._torch import torch_or_none
 from fastload._warnings import warn_at_caller
 from fastload.collate import default_collate, default_convert
@@ -45,6 +46,7 @@ __all__ = ["DataLoader", "StatefulDataLoader"]
 T_co = TypeVar("T_co", covariant=True)
 
 _OUTPUTS = ("numpy", "torch")
+_WORKER_METHODS = ("multiprocessing", "thread")
 # Settings that decide which indices are fetched; changing them under a live
 # iterator would silently break it, so they are fixed after construction.
 _FROZEN = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
@@ -84,6 +86,11 @@ class DataLoader(Generic[T_co]):
     * ``snapshot_every_n_steps``: how often a checkpointable loader records
       its state, as in torchdata's StatefulDataLoader.
 
+    ``worker_method`` is ``'multiprocessing'`` (default: ``num_workers``
+    worker processes) or ``'thread'`` (``num_workers`` threads of this
+    process; NOTE [ Thread workers ] in fastload._thread_workers), as in
+    torch.
+
     ``generator`` may be an int seed, a ``numpy.random.Generator`` or a
     ``torch.Generator`` (see NOTE [ Determinism contract ] in fastload._seed).
     """
@@ -121,7 +128,14 @@ class DataLoader(Generic[T_co]):
         in_order: bool = True,
         output: str | None = None,
         snapshot_every_n_steps: int = 1,
+        worker_method: str = "multiprocessing",
     ) -> None:
+        if worker_method not in _WORKER_METHODS:
+            raise ValueError(f"worker_method should be one of {_WORKER_METHODS}, "
+                             f"but got worker_method={worker_method!r}")
+        if worker_method == "thread" and multiprocessing_context is not None:
+            raise ValueError("multiprocessing_context can only be used with "
+                             "worker_method='multiprocessing'")
         if num_workers < 0:
             raise ValueError(
                 "num_workers option should be non-negative; "
@@ -163,6 +177,7 @@ class DataLoader(Generic[T_co]):
 
         self.dataset = dataset
         self.num_workers = num_workers
+        self.worker_method = worker_method
         self.prefetch_factor = prefetch_factor
         self.pin_memory = pin_memory
         self.pin_memory_device = pin_memory_device
@@ -297,6 +312,8 @@ class DataLoader(Generic[T_co]):
         iterator: BaseIter
         if self.num_workers == 0:
             iterator = SingleProcessIter(self, resume)
+        elif self.worker_method == "thread":
+            iterator = ThreadIter(self, resume, base_seed)
         else:
             iterator = MultiProcessingIter(self, resume, base_seed, start_states)
         self._latest_iterator = weakref.ref(iterator)

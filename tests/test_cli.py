@@ -39,7 +39,8 @@ def test_bench_measures_every_contender_and_writes_json(tiny_bench):
     data = json.loads(path.read_text())
     contenders = ["fastload", "python-mp"] + (["torch"] if HAS_TORCH else [])
     rows = {(r["contender"], r["workers"]): r for r in data["summary"]}
-    assert set(rows) == {(c, w) for c in contenders for w in (0, 2)}
+    # Worker threads are measured with workers only (without, they are "fastload").
+    assert set(rows) == {(c, w) for c in contenders for w in (0, 2)} | {("fastload-thread", 2)}
     assert not data["failures"]
     for (contender, workers), row in rows.items():
         assert row["workload"] == "rows" and row["repeats"] == 1
@@ -72,7 +73,7 @@ def test_bench_prints_a_table_and_a_progress_bar(tiny_bench):
     assert "vs torch" in lines[0] and "vs python-mp" in lines[0]
     body = [line.split() for line in lines[2:] if line.startswith("rows")]
     assert {(cells[1], cells[2]) for cells in body} >= {("fastload", "0"), ("fastload", "2")}
-    total = 6 if HAS_TORCH else 4
+    total = (6 if HAS_TORCH else 4) + 1  # and fastload-thread with 2 workers
     # Not a terminal: one progress line per measurement, then the last.
     progress = [line for line in result.stderr.splitlines() if line.startswith("[")]
     assert len(progress) == total + 1
@@ -205,3 +206,15 @@ def test_the_memmap_workload_writes_its_file_once_and_reads_rows_from_it(monkeyp
     assert os.stat(path).st_mtime_ns == written and os.listdir(tmp_path) == [os.path.basename(path)]
     dataset = workloads.WORKLOADS["memmap"].dataset("fastload", (again, labels))
     assert dataset[[3, 7]][0][:, 0].tolist() == [3.0, 7.0]
+
+
+def test_worker_threads_are_measured_with_workers_only():
+    plan = runner.Plan(workloads=["rows"], contenders=["fastload", "fastload-thread"],
+                       workers=[0, 2], repeats=2)
+    specs = runner.schedule(plan, plan.contenders)
+    measured = sorted({(s["contender"], s["workers"]) for s in specs})
+    assert measured == [("fastload", 0), ("fastload", 2), ("fastload-thread", 2)]
+    assert len(specs) == 2 * 3
+    only_threads = runner.Plan(workloads=["rows"], contenders=["fastload-thread"],
+                               workers=[0, 2])
+    assert [s["workers"] for s in runner.schedule(only_threads, only_threads.contenders)] == [2]

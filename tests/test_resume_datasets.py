@@ -77,11 +77,13 @@ def test_an_empty_state_starts_fresh():
     assert values(b[0] for b in loader) == list(range(8))
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_snapshot_every_zero_resumes_by_counting(workers):
+@pytest.mark.parametrize("workers,method", [(0, "multiprocessing"), (2, "multiprocessing"),
+                                            (2, "thread")])
+def test_snapshot_every_zero_resumes_by_counting(workers, method):
     def make():
         return fl.DataLoader(fl.ArrayDataset(np.arange(20)), batch_size=2, shuffle=True,
-                             generator=3, num_workers=workers, snapshot_every_n_steps=0)
+                             generator=3, num_workers=workers, snapshot_every_n_steps=0,
+                             worker_method=method)
 
     full = [b[0].tolist() for b in make()]
     loader = make()
@@ -226,11 +228,12 @@ class SlowFirst(fl.Dataset):
         return i
 
 
+@pytest.mark.parametrize("method", ["multiprocessing", "thread"])
 @pytest.mark.parametrize("resume_workers", [0, 2])
-def test_in_order_false_with_workers_resumes_every_batch_exactly_once(resume_workers):
+def test_in_order_false_with_workers_resumes_every_batch_exactly_once(resume_workers, method):
     def make(workers, in_order):
         return fl.DataLoader(SlowFirst(), batch_size=2, num_workers=workers,
-                             in_order=in_order)
+                             in_order=in_order, worker_method=method)
 
     loader = make(2, False)
     it = iter(loader)

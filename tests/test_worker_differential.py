@@ -2,8 +2,10 @@
 
 For generated dataset compositions (tests/_compositions.py), the whole
 outcome of an epoch (every batch's types, dtypes, shapes and bytes, every
-exception's type, in order) is the same with num_workers 0, 1 and 3, under
-fork and spawn: NOTE [ Fast paths ] in fastload/_fast_path.py.
+exception's type, in order) is the same with num_workers 0, 1 and 3, with
+worker processes under fork and spawn and with worker threads
+(worker_method="thread"): NOTE [ Fast paths ] in fastload/_fast_path.py,
+NOTE [ Thread workers ] in fastload/_thread_workers.py.
 """
 import numpy as np
 import pytest
@@ -82,11 +84,16 @@ def outcome(description, options, **extra):
 
 
 def assert_same_outcome(description, options, context, workers=(1, 3)):
+    """Processes under ``context`` and threads, each with every number of
+    ``workers``, give the outcome of num_workers=0."""
     expected = outcome(description, options)
     for num_workers in workers:
         got = outcome(description, options, num_workers=num_workers,
                       multiprocessing_context=context)
         assert got == expected, (num_workers, context, description, options)
+        threaded = outcome(description, options, num_workers=num_workers,
+                           worker_method="thread")
+        assert threaded == expected, (num_workers, "thread", description, options)
 
 
 @pytest.mark.timeout(600)

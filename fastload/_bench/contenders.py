@@ -2,7 +2,7 @@
 
 A contender is a function ``(dataset, batch_size, workers, collate_fn) ->
 loader`` whose loader yields one shuffled epoch per ``iter()`` and keeps its
-worker processes between epochs (persistent workers); ``collate_fn`` None
+workers between epochs (persistent workers); ``collate_fn`` None
 means the loader's default.
 """
 from __future__ import annotations
@@ -98,6 +98,13 @@ def fastload_loader(dataset: Any, batch_size: int, workers: int, collate_fn: Any
                       num_workers=workers, persistent_workers=workers > 0)
 
 
+def fastload_thread_loader(dataset: Any, batch_size: int, workers: int,
+                           collate_fn: Any = None) -> Any:
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, collate_fn=collate_fn,
+                      num_workers=workers, persistent_workers=workers > 0,
+                      worker_method="thread")
+
+
 def torch_loader(dataset: Any, batch_size: int, workers: int, collate_fn: Any = None) -> Any:
     from torch.utils.data import DataLoader as TorchDataLoader
 
@@ -112,11 +119,17 @@ def python_mp_loader(dataset: Any, batch_size: int, workers: int,
 
 CONTENDERS: dict[str, Callable[[Any, int, int, Any], Any]] = {
     "fastload": fastload_loader,
+    "fastload-thread": fastload_thread_loader,
     "torch": torch_loader,
     "python-mp": python_mp_loader,
 }
 # The contenders fastload is compared with, in the table's ratio columns.
 BASELINES = ("torch", "python-mp")
+# fastload's own contenders: they load the workloads' fastload datasets.
+FASTLOAD_CONTENDERS = ("fastload", "fastload-thread")
+# Contenders that differ from another only with workers (worker threads
+# without workers are fastload's main-process loading): measured with workers only.
+WORKERS_ONLY = ("fastload-thread",)
 # Not a loader: np.copyto of each batch's bytes, the bandwidth ceiling of
 # the bandwidth-bound workloads.
 MEMCPY = "memcpy"

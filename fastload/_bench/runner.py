@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 import fastload
-from fastload._bench.contenders import BASELINES, CONTENDERS, MEMCPY
+from fastload._bench.contenders import BASELINES, CONTENDERS, MEMCPY, WORKERS_ONLY
 from fastload._bench.memory import tree_memory
 from fastload._bench.workloads import WORKLOADS
 
@@ -126,10 +126,13 @@ def schedule(plan: Plan, contenders: list[str]) -> list[dict[str, Any]]:
     cell_number = 0
     for repeat in range(plan.repeats):
         for name in plan.workloads:
-            cells = [(w, contenders) for w in plan.workers]
+            cells = [(w, [c for c in contenders if w > 0 or c not in WORKERS_ONLY])
+                     for w in plan.workers]
             if WORKLOADS[name].bandwidth_bound:
                 cells.append((0, [MEMCPY]))
             for workers, names in cells:
+                if not names:
+                    continue
                 shift = cell_number % len(names)
                 cell_number += 1
                 for contender in names[shift:] + names[:shift]:

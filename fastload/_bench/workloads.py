@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from fastload._bench.contenders import FASTLOAD_CONTENDERS
 from fastload._sample_rng import sample_rng
 from fastload.dataset import ArrayDataset
 
@@ -123,7 +124,7 @@ def numpy_pad(batch: list[tuple[Any, int]]) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def _ragged_collate(contender: str) -> Any:
-    if contender == "fastload":
+    if contender in FASTLOAD_CONTENDERS:
         from fastload.ragged import pad_collate
 
         return pad_collate()
@@ -158,7 +159,7 @@ class Workload:
         if self.augment:
             images, labels = arrays
             return AugmentDataset(images, labels,
-                                  _fastload_rng if contender == "fastload" else _index_rng)
+                                  _fastload_rng if contender in FASTLOAD_CONTENDERS else _index_rng)
         if self.tensors:
             return TensorImageDataset(*arrays)
         if self.ragged:

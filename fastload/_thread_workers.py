@@ -1,0 +1,468 @@
+"""The iterator of a DataLoader with thread workers (``worker_method="thread"``).
+
+NOTE [ Thread workers ]
+
+``num_workers`` threads of the main process load the batches, each with the
+fetcher of ``num_workers=0`` (``_fetch``) and the loader's ``collate_fn``,
+so a batch is what the main process would make: no slot, no pickling, the
+batch object itself crosses to the main thread. The main thread owns the
+order exactly as with worker processes: it draws indices, sends each task
+to the next worker (round robin, ``prefetch_factor`` tasks per worker;
+with ``in_order=False`` an idle one), and delivers in task order.
+Persistent thread workers do not look ahead into the next epoch
+(NOTE [ Epoch lookahead ] in fastload._lookahead is for worker processes):
+a thread needs no start-up to hide, and the batches are the same either way.
+
+* **The dataset.** A map-style dataset is shared by every thread, as in
+  torch's thread workers: ``dataset[i]`` may run in several threads at
+  once. An iterable dataset is copied once per thread (``copy.deepcopy``),
+  because each worker iterates its own replica, with its own position and
+  state, exactly as each worker process does: a dataset that shards itself
+  with ``get_worker_info()`` or in ``worker_init_fn`` (torch's documented
+  idiom sets ``worker_info.dataset.start``) yields what it yields with
+  worker processes, and its ``state_dict()`` describes one worker.
+* **Per-thread state.** ``get_worker_info()`` and the ``sample_rng()``
+  context are thread-local; ``WorkerInfo.rng`` holds the thread's own
+  generators (fastload._worker_info.WorkerRNG). The global ``random``,
+  numpy and torch generators are shared by all threads and are not seeded
+  per worker: augmentations use ``sample_rng()`` or ``WorkerInfo.rng``.
+  Draws from them in a worker thread would depend on the threads'
+  scheduling, so each thread compares the global generators' states
+  around its first batch and, if they moved, the main thread warns once.
+  (The main thread's own code rarely runs in that window: at the start of
+  an epoch it is waiting for the first batch.)
+* **No reliance on the GIL.** Threads and the main thread share only the
+  task and result queues (``queue.SimpleQueue``, locked), the stop event,
+  and what the user shares (the map-style dataset, ``collate_fn``); each
+  thread's fetcher, replica, sample context and WorkerInfo are its own.
+  fastload's own shared state that threads touch: ``default_collate``'s
+  handler cache (fastload.collate), a dict each thread writes with single
+  dict operations, which are atomic under the GIL and locked per object
+  on free-threaded Python (its pruning, ``list(_handlers)`` then ``pop``,
+  tolerates another thread pruning too); the one-time install of the
+  thread-aware torch ``get_worker_info`` (fastload._worker_info), where
+  two threads installing at once install equivalent functions.
+* **Shutdown.** Threads are daemons and hold no reference to the iterator:
+  when it is exhausted (without persistent workers), shut down or dropped,
+  each thread is told to stop and joined for at most ``JOIN_SECONDS`` in
+  all. A thread stuck in a long ``__getitem__`` is left to finish that
+  sample and stop; it never holds up interpreter exit.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import queue
+import random
+import sys
+import threading
+import time
+import weakref
+from typing import Any, NoReturn
+
+import numpy as np
+
+from fastload._fetch import DatasetKind, create_fetcher, describe_failure, skip_batches
+from fastload._iterator import BaseIter, WorkerProgress, pin_batch, pin_target
+from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK
+from fastload._sample_rng import context as sample_context
+from fastload._state import sampler_state
+from fastload._stats import WorkerStats
+from fastload._task_table import STREAM_ENDED, Task, TaskTable
+from fastload._warnings import warn_at_caller
+from fastload._worker_error import WorkerError
+from fastload._worker_info import WorkerInfo, set_thread_worker_info, worker_rng
+from fastload.errors import InvalidArgumentError, WorkerDiedError
+
+# How often the waiting main thread checks that its worker threads live.
+LIVENESS_POLL_SECONDS = 0.1
+# How long shutting down waits for the worker threads, all of them together.
+JOIN_SECONDS = 1.0
+
+# Messages to a worker thread: (TASK, task id, index, epoch), (RESET, epoch), (STOP,).
+TASK, RESET, STOP = "task", "reset", "stop"
+# A worker thread's note that the global generators moved during its first
+# batch: (GLOBAL_RNG_USED, worker id).
+GLOBAL_RNG_USED = "global rng used"
+
+GLOBAL_RNG_WARNING = (
+    "a dataset loaded by worker threads (worker_method='thread') drew from the global "
+    "random, numpy or torch generator: the threads share it, so what it draws depends on "
+    "their scheduling and differs from worker processes; draw from fastload.sample_rng() "
+    "or get_worker_info().rng instead")
+
+
+def _global_rng_states() -> tuple[Any, ...]:
+    """The states of the generators every thread of the process shares."""
+    torch = sys.modules.get("torch")
+    numpy_state = np.random.get_state(legacy=False)["state"]
+    return (random.getstate(), numpy_state["key"].tobytes(), numpy_state["pos"],
+            None if torch is None else torch.random.get_rng_state().numpy().tobytes())
+
+
+class _Config:
+    """What every worker thread of one iterator reads and never changes."""
+
+    def __init__(self, loader: Any, base_seed: int) -> None:
+        self.dataset = loader.dataset
+        self.kind: DatasetKind = loader._dataset_kind
+        self.auto_collation: bool = loader._auto_collation
+        self.collate_fn = loader.collate_fn
+        self.drop_last: bool = loader.drop_last
+        self.batch_size = loader.batch_size if loader._auto_collation else None
+        self.num_workers: int = loader.num_workers
+        self.worker_init_fn = loader.worker_init_fn
+        self.snapshot_every: int = loader.snapshot_every_n_steps
+        self.base_seed = base_seed
+        self.stop = threading.Event()
+
+
+def _replica(dataset: Any) -> Any:
+    """A worker's own copy of an iterable dataset (NOTE [ Thread workers ])."""
+    try:
+        return copy.deepcopy(dataset)
+    except Exception as exc:
+        raise InvalidArgumentError(
+            "worker_method='thread' gives each worker thread its own copy of an "
+            f"IterableDataset (copy.deepcopy), which failed: {exc!r}; give the dataset "
+            "a __deepcopy__ that shares what cannot be copied") from exc
+
+
+class _Worker:
+    """One worker thread: its task queue, fetcher and (iterable dataset)
+    replica. It holds no reference to the iterator."""
+
+    def __init__(self, worker_id: int, config: _Config, results: queue.SimpleQueue[Any],
+                 epoch: int, resume: WorkerProgress | None) -> None:
+        self.worker_id = worker_id
+        self.config = config
+        self.results = results
+        self.tasks: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.map_style = config.kind is DatasetKind.MAP
+        self.dataset = config.dataset if self.map_style else _replica(config.dataset)
+        self.stateful = (not self.map_style
+                         and callable(getattr(self.dataset, "state_dict", None)))
+        self.fetcher: Any = None
+        self.ended = False
+        self.batches_done = 0
+        self.first_batch = True
+        self.thread = threading.Thread(target=self.run, args=(epoch, resume), daemon=True,
+                                       name=f"fastload-worker-{worker_id}")
+
+    def run(self, epoch: int, resume: WorkerProgress | None) -> None:
+        config, worker_id = self.config, self.worker_id
+        where = "while starting"
+        try:
+            set_thread_worker_info(WorkerInfo(
+                id=worker_id, num_workers=config.num_workers,
+                seed=(config.base_seed + worker_id) % 2**64, dataset=self.dataset,
+                rng=worker_rng(config.base_seed, worker_id), worker_method="thread"))
+            sample_context.base_seed = config.base_seed
+            sample_context.epoch = epoch
+            if config.worker_init_fn is not None:
+                where = "in worker_init_fn"
+                config.worker_init_fn(worker_id)
+            where = "in its task loop"
+            self.new_fetcher(resume)
+            self.serve()
+        except Exception as exc:
+            self.results.put((FAILED, INIT_TASK, WorkerError(exc, worker_id, where)))
+        finally:
+            set_thread_worker_info(None)
+
+    def new_fetcher(self, resume: WorkerProgress | None = None) -> None:
+        """A fresh fetcher; with ``resume``, an iterable dataset put where a
+        checkpoint left this worker (as a worker process does)."""
+        config = self.config
+        if resume is not None and resume.state is not None:
+            self.dataset.load_state_dict(resume.state)
+        self.fetcher = create_fetcher(config.kind, self.dataset, config.auto_collation,
+                                      config.collate_fn, config.drop_last)
+        self.ended, self.batches_done = False, 0
+        if resume is not None:
+            skip_batches(self.fetcher, resume.yielded - resume.state_step, config.batch_size)
+            self.ended, self.batches_done = resume.ended, resume.yielded
+
+    def serve(self) -> None:
+        stop = self.config.stop
+        while True:
+            message = self.tasks.get()
+            if message[0] == STOP or stop.is_set():
+                return
+            if message[0] == RESET:
+                sample_context.epoch = message[1]
+                if not self.map_style:
+                    self.new_fetcher()
+                continue
+            sample_context.epoch = message[3]
+            self.load(message[1], message[2])
+
+    def load(self, task_id: int, index: Any) -> None:
+        if self.ended:
+            self.results.put((ENDED, task_id))
+            return
+        fetcher = self.fetcher
+        watched = _global_rng_states() if self.first_batch else None
+        self.first_batch = False
+        started = time.perf_counter()
+        try:
+            if self.config.auto_collation:
+                samples = fetcher.fetch_samples(index)
+                fetched = time.perf_counter()
+                batch = fetcher.collate(samples, index)
+            else:
+                batch = fetcher.fetch(index)
+                fetched = time.perf_counter()
+        except StopIteration:
+            self.ended = True
+            self.results.put((ENDED, task_id))
+            return
+        except Exception as exc:
+            # The batch is delivered as its exception; the epoch goes on.
+            self.batches_done += 1
+            self.results.put((FAILED, task_id, WorkerError(
+                exc, self.worker_id, describe_failure(index))))
+            return
+        if watched is not None and _global_rng_states() != watched:
+            self.results.put((GLOBAL_RNG_USED, self.worker_id))
+        self.batches_done += 1
+        has_state = self.stateful and self.batches_done % self.config.snapshot_every == 0
+        state = self.dataset.state_dict() if has_state else None
+        self.results.put((DONE, task_id, batch, fetched - started,
+                          time.perf_counter() - fetched, has_state, state,
+                          getattr(fetcher, "ended", False)))
+
+
+def _stop_workers(workers: list[_Worker], stop: threading.Event) -> None:
+    """Tell every worker thread to stop, and wait for them, in all at most
+    JOIN_SECONDS (NOTE [ Thread workers ])."""
+    stop.set()
+    for worker in workers:
+        worker.tasks.put((STOP,))
+    deadline = time.monotonic() + JOIN_SECONDS
+    for worker in workers:
+        if worker.thread.is_alive() and worker.thread is not threading.current_thread():
+            worker.thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class ThreadIter(BaseIter):
+    """Loads in worker threads of this process (NOTE [ Thread workers ])."""
+
+    def __init__(self, loader: Any, resume: dict[str, Any] | None,
+                 base_seed: int | None = None) -> None:
+        super().__init__(loader, resume, base_seed)
+        workers = loader.num_workers
+        self._prefetch = loader.prefetch_factor * workers
+        self._in_order = loader.in_order
+        self._pin_torch = pin_target(loader)
+        self._table = TaskTable()  # NOTE [ Task lifecycle ]
+        self._results: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._warned_global_rng = False
+        self._stats.workers = [WorkerStats() for _ in range(workers)]
+        progress = self._progress
+        resumed: list[WorkerProgress | None] = [None] * workers
+        if resume is not None and resume["workers"] is not None:
+            progress.workers = [WorkerProgress(**w) for w in resume["workers"]]
+            progress.next_worker = resume["next_worker"]
+            resumed = list(progress.workers)
+        elif not self._map_style:
+            progress.workers = [WorkerProgress() for _ in range(workers)]
+        config = _Config(loader, self._base_seed)
+        self._workers = [_Worker(i, config, self._results, progress.epoch, resumed[i])
+                         for i in range(workers)]
+        self._stop_all = weakref.finalize(self, _stop_workers, self._workers, config.stop)
+        for worker in self._workers:
+            worker.thread.start()
+        self._begin_epoch()
+
+    @property
+    def worker_threads(self) -> list[threading.Thread]:
+        """This iterator's worker threads, in worker-id order."""
+        return [worker.thread for worker in self._workers]
+
+    def _shutdown(self) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        """Stop the worker threads for good: this iterator's epoch is over."""
+        self.reusable = False
+        self._stop_all()
+
+    def _begin_epoch(self) -> None:
+        progress = self._progress
+        workers = len(self._workers)
+        # The round robin starts after the worker of the last delivered batch,
+        # so a resumed iterable dataset interleaves as it would have.
+        self._next_worker = itertools.cycle(
+            [(progress.next_worker + i) % workers for i in range(workers)])
+        self._active = [not (progress.workers and progress.workers[w].ended)
+                        for w in range(workers)]
+        self._table.order = []
+        self._dispatched = progress.yielded
+        self._sampler_done = False
+        for _ in range(self._prefetch):
+            self._dispatch()
+
+    def _reset(self, loader: Any) -> None:
+        """Persistent workers: a new epoch on the same threads. Tasks still in
+        flight finish first (each thread takes its messages in order); their
+        batches are dropped when they arrive."""
+        super()._reset(loader)
+        if not self._map_style:
+            self._progress.workers = [WorkerProgress() for _ in self._workers]
+        table = self._table
+        table.abandon([*table.in_flight, *table.ready])
+        table.stale.clear()  # their answers are dropped when they arrive
+        for worker in self._workers:
+            worker.tasks.put((RESET, self._progress.epoch))
+        self._begin_epoch()
+
+    def _dispatch(self) -> None:
+        """Send the next batch's task to the next active worker, if any."""
+        if self._sampler_done or not any(self._active):
+            return
+        try:
+            index = next(self._sampler_iter)
+            # Delivered before the checkpoint (see BaseIter._skip).
+            while self._dispatched in self._skip:
+                self._dispatched += 1
+                index = next(self._sampler_iter)
+        except StopIteration:
+            self._sampler_done = True
+            return
+        self._dispatched += 1
+        snapshot = None
+        every = self._snapshot_every
+        if self._map_style and every and self._dispatched % every == 0:
+            snapshot = sampler_state(self._index_sampler)
+        worker_id = self._next_worker_for_task()
+        task_id = self._table.add(Task(worker_id, index, None, self._dispatched - 1, snapshot))
+        self._table.order.append(task_id)
+        self._workers[worker_id].tasks.put((TASK, task_id, index, self._progress.epoch))
+
+    def _next_worker_for_task(self) -> int:
+        """The next active worker in the round robin; with in_order=False
+        (map-style) one that has less than its share of tasks in flight,
+        if any, as worker processes do."""
+        worker_id = next(self._next_worker)
+        while not self._active[worker_id]:
+            worker_id = next(self._next_worker)
+        if self._in_order or not self._map_style:
+            return worker_id
+        share = self._prefetch // len(self._workers)
+        in_flight = self._table.in_flight_per_worker()
+        for _ in range(len(self._workers)):
+            if in_flight[worker_id] < share:
+                break
+            worker_id = next(self._next_worker)
+        return worker_id
+
+    def _next_data(self) -> Any:
+        if not self.reusable:
+            raise StopIteration  # the workers were stopped: the epoch ended there
+        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        while True:
+            next_ready = self._next_ready()
+            if next_ready is not None:
+                task, batch = next_ready
+                self._progress.advance(task)
+                self._dispatch()
+                if isinstance(batch, WorkerError):
+                    batch.reraise(os.getpid())
+                if self._pin_torch is not None:
+                    batch = pin_batch(self._pin_torch, batch)
+                return self._convert(batch)
+            if not self._table.order:
+                if not self._persistent_workers:
+                    self._stop()
+                raise StopIteration
+            self._wait(deadline)
+
+    def _next_ready(self) -> tuple[Task, Any] | None:
+        """The next task whose batch (or failure) can be delivered, in order
+        (or as ready with in_order=False); tasks an exhausted iterable ended
+        are passed."""
+        while True:
+            found = self._table.pop_next(self._in_order)
+            if found is None:
+                return None
+            _, task, batch = found
+            if batch is not STREAM_ENDED:
+                return task, batch
+            if self._progress.workers is not None:
+                self._progress.workers[task.worker_id].ended = True
+
+    def _wait(self, deadline: float | None) -> None:
+        """Handle the next result and those already waiting, first sleeping
+        until there is one; the ``deadline`` (time.monotonic) raises, and
+        so does a worker thread that ended without saying why."""
+        while True:
+            timeout = LIVENESS_POLL_SECONDS
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+                timeout = min(remaining, timeout)
+            try:
+                self._handle(self._results.get(timeout=timeout))
+            except queue.Empty:
+                self._check_alive()
+                continue
+            self._drain()
+            return
+
+    def _drain(self) -> bool:
+        """Handle every result waiting; whether there was one."""
+        handled = False
+        while True:
+            try:
+                message = self._results.get_nowait()
+            except queue.Empty:
+                return handled
+            self._handle(message)
+            handled = True
+
+    def _check_alive(self) -> None:
+        for worker_id, worker in enumerate(self._workers):
+            if not worker.thread.is_alive() and not self._drain():
+                self._raise_worker_ended(worker_id)
+
+    def _raise_worker_ended(self, worker_id: int) -> NoReturn:
+        """A worker thread ended without a result (a BaseException such as
+        SystemExit in the dataset): the epoch ends here, as for a dead
+        worker process."""
+        held = [task for _, task in sorted(self._table.in_flight.items())
+                if task.worker_id == worker_id]
+        what = "while idle" if not held else f"while loading indices {held[0].index}"
+        self._stop()
+        raise WorkerDiedError(f"DataLoader worker thread {worker_id} ended {what}",
+                              worker_id=worker_id, pid=os.getpid(), exitcode=0, batch=None,
+                              indices=held[0].index if held else None)
+
+    def _handle(self, message: tuple[Any, ...]) -> None:
+        kind, task_id = message[0], message[1]
+        if kind == FAILED and task_id == INIT_TASK:
+            # worker_init_fn or the thread's set-up failed: the epoch cannot go on.
+            self._stop()
+            message[2].reraise(os.getpid())
+        if kind == GLOBAL_RNG_USED:
+            if not self._warned_global_rng:
+                self._warned_global_rng = True
+                warn_at_caller(GLOBAL_RNG_WARNING)
+            return
+        table = self._table
+        task = table.in_flight.get(task_id)
+        if task is None:
+            return  # a task of an epoch left before its end (see _reset)
+        if kind == DONE:
+            self._stats.workers[task.worker_id].add(message[3], message[4])
+            task.has_dataset_state, task.dataset_state = message[5], message[6]
+            task.dataset_ended = message[7]
+            table.finish(task_id, message[2])
+        elif kind == ENDED:
+            self._active[task.worker_id] = False
+            table.finish(task_id, STREAM_ENDED)
+            self._dispatch()
+        else:
+            table.finish(task_id, message[2])
