@@ -80,6 +80,15 @@ class Progress:
                 return
             sampler_state = self.beyond.pop(self.yielded)
 
+    def stream_ended(self, task: Any) -> None:
+        """A worker's iterable stream ran out (its ENDED task): past its end
+        a stream's state is where the next epoch starts (None: a new
+        iterator then starts afresh)."""
+        if self.workers is not None:
+            worker = self.workers[task.worker_id]
+            worker.ended = True
+            worker.state, worker.state_step = task.dataset_state, worker.yielded
+
     def advance(self, task: Any) -> None:
         """Move past a batch a worker loaded, as it is delivered. ``task`` has
         ``worker_id``; ``position`` in the epoch (map-style: see ``deliver``);

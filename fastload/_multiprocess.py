@@ -17,19 +17,18 @@ fastload_c/src/fl_proc.h): a result wakes it, and so does a worker's death.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import pickle
 import time
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from fastload import _protocol
-from fastload._iterator import BaseIter, WorkerProgress, pin_target
+from fastload._dispatch import WorkerIter
+from fastload._iterator import WorkerProgress, pin_target
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, LARGE, NEED, RESLOT
-from fastload._state import sampler_state
 from fastload._stats import LoaderStats, WorkerStats
-from fastload._task_table import STREAM_ENDED, Failure, Task, TaskTable
+from fastload._task_table import STREAM_ENDED, Failure, Task
 from fastload._worker_error import WorkerError
 from fastload._worker_group import WorkerGroup, WorkerGroupDied, describe_exit
 from fastload.errors import ShmError, WorkerDiedError
@@ -53,7 +52,7 @@ def _copy_out(batch: Any) -> Any:
     return pickle.loads(pickle.dumps(batch, protocol=5))
 
 
-class MultiProcessingIter(BaseIter):
+class MultiProcessingIter(WorkerIter):
     """Loads in worker processes."""
 
     def __init__(self, loader: Any, resume: dict[str, Any] | None,
@@ -61,9 +60,6 @@ class MultiProcessingIter(BaseIter):
         """``start_states``: each worker's dataset state to start from (a
         persistent-workers run resumed between epochs)."""
         super().__init__(loader, resume, base_seed)
-        self._prefetch = loader.prefetch_factor * loader.num_workers
-        self._in_order = loader.in_order
-        self._table = TaskTable()  # NOTE [ Task lifecycle ]
         self._may_look_ahead = loader.persistent_workers and self._map_style
         self._lookahead: LookaheadTasks | None = None
         self._carried = CarriedTasks()
@@ -105,17 +101,7 @@ class MultiProcessingIter(BaseIter):
         return self._workers.pids
 
     def _begin_epoch(self) -> None:
-        progress = self._progress
-        workers = self._workers.num_workers
-        self._table.order = []
-        # The round robin starts after the worker of the last delivered batch,
-        # so a resumed iterable dataset interleaves as it would have.
-        order = [(progress.next_worker + i) % workers for i in range(workers)]
-        self._next_worker = itertools.cycle(order)
-        self._active = [not (progress.workers and progress.workers[w].ended)
-                        for w in range(workers)]
-        self._dispatched = progress.yielded
-        self._sampler_done = False
+        self._begin_round_robin(self._workers.num_workers)
         self._owed = 0
         for _ in range(self._prefetch):
             self._dispatch()
@@ -154,26 +140,16 @@ class MultiProcessingIter(BaseIter):
         if not any(self._active):
             return
         try:
-            index = next(self._sampler_iter)
-            # Delivered before the checkpoint (see BaseIter._skip).
-            while self._dispatched in self._skip:
-                self._dispatched += 1
-                index = next(self._sampler_iter)
+            index, position, snapshot = self._draw()
         except StopIteration:
             self._sampler_done = True
             self._table.abandon(self._carried.drop())
             self._start_lookahead()
             self._dispatch_lookahead()
             return
-        self._dispatched += 1
-        snapshot = None
-        every = self._snapshot_every
-        if self._map_style and every and self._dispatched % every == 0:
-            snapshot = sampler_state(self._index_sampler)
         worker_id = self._next_worker_for_task()
         task_id, dropped = self._carried.adopt(index, worker_id)
         self._table.abandon(dropped)
-        position = self._dispatched - 1
         if task_id is None:
             lease = self._workers.pool.acquire() or self._acquire_at_cap()
             task_id = self._send_task(worker_id, index, lease, position, snapshot)
@@ -183,24 +159,6 @@ class MultiProcessingIter(BaseIter):
             task.sampler_state = snapshot
             task.position = position
         self._table.order.append(task_id)
-
-    def _next_worker_for_task(self) -> int:
-        """The next active worker in the round robin. With in_order=False
-        (map-style), a worker that already has its share of the tasks in
-        flight is passed over, as torch does: batches then go to idle
-        workers instead of queueing behind a stalled one."""
-        worker_id = next(self._next_worker)
-        while not self._active[worker_id]:
-            worker_id = next(self._next_worker)
-        if self._in_order or not self._map_style:
-            return worker_id
-        share = self._prefetch // self._workers.num_workers
-        in_flight = self._table.in_flight_per_worker()
-        for _ in range(self._workers.num_workers):
-            if in_flight[worker_id] < share:
-                break
-            worker_id = next(self._next_worker)
-        return worker_id
 
     def _send_task(self, worker_id: int, index: Any, lease: Any, position: int | None,
                    snapshot: Any) -> int:
@@ -302,7 +260,7 @@ class MultiProcessingIter(BaseIter):
         deadline = self._deadline()
         self._settle()
         while True:
-            next_ready = self._next_ready()
+            next_ready = self._table.pop_next_batch(self._in_order, self._progress.stream_ended)
             if next_ready is not None:
                 task, batch = next_ready
                 if not isinstance(batch, Failure) and not self._keeps_slot():
@@ -352,24 +310,6 @@ class MultiProcessingIter(BaseIter):
             while self._owed:
                 self._owed -= 1
                 self._dispatch()
-
-    def _next_ready(self) -> tuple[Task, Any] | None:
-        """The next task whose batch (or failure) can be yielded, in order
-        (or as ready with in_order=False); tasks an exhausted iterable ended
-        are passed."""
-        while True:
-            found = self._table.pop_next(self._in_order)
-            if found is None:
-                return None
-            _, task, batch = found
-            if batch is not STREAM_ENDED:
-                return task, batch
-            if self._progress.workers is not None:
-                worker = self._progress.workers[task.worker_id]
-                # Past its end a stream's state is where the next epoch
-                # starts (None: a new iterator then starts afresh).
-                worker.ended = True
-                worker.state, worker.state_step = task.dataset_state, worker.yielded
 
     def _pump(self, deadline: float | None, defer_needs: bool = False) -> None:
         """Handle the messages waiting on the result rings, first sleeping

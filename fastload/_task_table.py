@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 
@@ -118,6 +119,17 @@ class TaskTable:
         task_id = order.pop(position)
         task, result = self.ready.pop(task_id)
         return task_id, task, result
+
+    def pop_next_batch(self, in_order: bool,
+                       stream_ended: Callable[[Task], None]) -> tuple[Task, Any] | None:
+        """``pop_next``'s (task, batch or Failure), passing over the tasks
+        whose iterable stream had run out, each handed to ``stream_ended``."""
+        while (found := self.pop_next(in_order)) is not None:
+            _, task, result = found
+            if result is not STREAM_ENDED:
+                return task, result
+            stream_ended(task)
+        return None
 
     def abandon(self, task_ids: list[int]) -> None:
         """Give tasks up: those in flight become stale (their slots stay

@@ -51,7 +51,6 @@ a thread needs no start-up to hide, and the batches are the same either way.
 from __future__ import annotations
 
 import copy
-import itertools
 import os
 import queue
 import random
@@ -63,13 +62,13 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from fastload._dispatch import WorkerIter
 from fastload._fetch import DatasetKind, create_fetcher, describe_failure, skip_batches
-from fastload._iterator import BaseIter, WorkerProgress, pin_batch, pin_target
+from fastload._iterator import WorkerProgress, pin_batch, pin_target
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK
 from fastload._sample_rng import context as sample_context
-from fastload._state import sampler_state
 from fastload._stats import WorkerStats
-from fastload._task_table import STREAM_ENDED, Task, TaskTable
+from fastload._task_table import STREAM_ENDED, Task
 from fastload._warnings import warn_at_caller
 from fastload._worker_error import WorkerError
 from fastload._worker_info import WorkerInfo, set_thread_worker_info, worker_rng
@@ -246,17 +245,14 @@ def _stop_workers(workers: list[_Worker], stop: threading.Event) -> None:
             worker.thread.join(max(0.0, deadline - time.monotonic()))
 
 
-class ThreadIter(BaseIter):
+class ThreadIter(WorkerIter):
     """Loads in worker threads of this process (NOTE [ Thread workers ])."""
 
     def __init__(self, loader: Any, resume: dict[str, Any] | None,
                  base_seed: int | None = None) -> None:
         super().__init__(loader, resume, base_seed)
         workers = loader.num_workers
-        self._prefetch = loader.prefetch_factor * workers
-        self._in_order = loader.in_order
         self._pin_torch = pin_target(loader)
-        self._table = TaskTable()  # NOTE [ Task lifecycle ]
         self._results: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._warned_global_rng = False
         self._stats.workers = [WorkerStats() for _ in range(workers)]
@@ -290,17 +286,7 @@ class ThreadIter(BaseIter):
         self._stop_all()
 
     def _begin_epoch(self) -> None:
-        progress = self._progress
-        workers = len(self._workers)
-        # The round robin starts after the worker of the last delivered batch,
-        # so a resumed iterable dataset interleaves as it would have.
-        self._next_worker = itertools.cycle(
-            [(progress.next_worker + i) % workers for i in range(workers)])
-        self._active = [not (progress.workers and progress.workers[w].ended)
-                        for w in range(workers)]
-        self._table.order = []
-        self._dispatched = progress.yielded
-        self._sampler_done = False
+        self._begin_round_robin(len(self._workers))
         for _ in range(self._prefetch):
             self._dispatch()
 
@@ -323,47 +309,21 @@ class ThreadIter(BaseIter):
         if self._sampler_done or not any(self._active):
             return
         try:
-            index = next(self._sampler_iter)
-            # Delivered before the checkpoint (see BaseIter._skip).
-            while self._dispatched in self._skip:
-                self._dispatched += 1
-                index = next(self._sampler_iter)
+            index, position, snapshot = self._draw()
         except StopIteration:
             self._sampler_done = True
             return
-        self._dispatched += 1
-        snapshot = None
-        every = self._snapshot_every
-        if self._map_style and every and self._dispatched % every == 0:
-            snapshot = sampler_state(self._index_sampler)
         worker_id = self._next_worker_for_task()
-        task_id = self._table.add(Task(worker_id, index, None, self._dispatched - 1, snapshot))
+        task_id = self._table.add(Task(worker_id, index, None, position, snapshot))
         self._table.order.append(task_id)
         self._workers[worker_id].tasks.put((TASK, task_id, index, self._progress.epoch))
-
-    def _next_worker_for_task(self) -> int:
-        """The next active worker in the round robin; with in_order=False
-        (map-style) one that has less than its share of tasks in flight,
-        if any, as worker processes do."""
-        worker_id = next(self._next_worker)
-        while not self._active[worker_id]:
-            worker_id = next(self._next_worker)
-        if self._in_order or not self._map_style:
-            return worker_id
-        share = self._prefetch // len(self._workers)
-        in_flight = self._table.in_flight_per_worker()
-        for _ in range(len(self._workers)):
-            if in_flight[worker_id] < share:
-                break
-            worker_id = next(self._next_worker)
-        return worker_id
 
     def _next_data(self) -> Any:
         if not self.reusable:
             raise StopIteration  # the workers were stopped: the epoch ended there
         deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
         while True:
-            next_ready = self._next_ready()
+            next_ready = self._table.pop_next_batch(self._in_order, self._progress.stream_ended)
             if next_ready is not None:
                 task, batch = next_ready
                 self._progress.advance(task)
@@ -378,20 +338,6 @@ class ThreadIter(BaseIter):
                     self._stop()
                 raise StopIteration
             self._wait(deadline)
-
-    def _next_ready(self) -> tuple[Task, Any] | None:
-        """The next task whose batch (or failure) can be delivered, in order
-        (or as ready with in_order=False); tasks an exhausted iterable ended
-        are passed."""
-        while True:
-            found = self._table.pop_next(self._in_order)
-            if found is None:
-                return None
-            _, task, batch = found
-            if batch is not STREAM_ENDED:
-                return task, batch
-            if self._progress.workers is not None:
-                self._progress.workers[task.worker_id].ended = True
 
     def _wait(self, deadline: float | None) -> None:
         """Handle the next result and those already waiting, first sleeping
