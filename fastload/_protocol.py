@@ -21,8 +21,8 @@ Main process -> worker (task ring):
   (RESLOT, task_id, slot, cap)     the bigger slot a NEED asked for; slot
                                    None when the pool can never hold it (its
                                    cap): the worker fails that batch
-  (SEGMENT, segment_id, nbytes)    a new pool segment; its descriptor was sent
-                                   just before on the worker's Unix socket
+  (SEGMENT, segment_id, nbytes)    a new pool segment, sent just before on
+                                   the worker's Unix socket (shm.send_segments)
   (RETIRE, segment_id)             unmap a segment the pool dropped
   (RESET, epoch)                   a new epoch with persistent workers: start
                                    a fresh fetcher (a new dataset iterator)

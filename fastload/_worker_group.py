@@ -51,6 +51,7 @@ from fastload._protocol import RESET, RETIRE, SEGMENT
 from fastload._worker_process import worker_main
 from fastload_c import proc
 from fastload_c.ring import Doorbell, Ring
+from fastload_c.shm import send_segments
 
 # Results are records of at most _protocol.INLINE_BYTES; the main process
 # drains them as they come.
@@ -122,7 +123,7 @@ class _Channels:
         # Segments made before the workers exist travel with their start.
         for worker_id, sock in enumerate(self.sockets):
             try:
-                socket.send_fds(sock, [b"s"], [segment.fd])
+                send_segments(sock, [segment])
             except OSError:
                 self.raise_if_dead()  # the usual reason: that worker is gone
                 raise

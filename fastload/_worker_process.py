@@ -40,7 +40,7 @@ from fastload._worker_info import WorkerInfo, set_worker_info
 from fastload.errors import RingClosedError, ShmError
 from fastload_c import proc
 from fastload_c.pack import SlotTooSmallError
-from fastload_c.shm import Segment
+from fastload_c.shm import Segment, recv_segments
 
 # How long a worker waits on a ring before it checks that its parent lives.
 PARENT_CHECK_SECONDS = 0.5
@@ -208,10 +208,11 @@ class _Worker:
             return pickle.loads(part)
 
     def receive_segment(self, segment_id: int, nbytes: int) -> None:
-        _, fds, _, _ = socket.recv_fds(self.socket, 16, 1, socket.MSG_CMSG_CLOEXEC)
-        if len(fds) != 1:
-            raise RuntimeError(f"expected the descriptor of segment {segment_id}, got {fds}")
-        self.segments[segment_id] = segment = Segment.attach(fds[0], nbytes)
+        received, _ = recv_segments(self.socket)
+        if len(received) != 1 or received[0].size != nbytes:
+            raise RuntimeError(f"expected segment {segment_id} of {nbytes} bytes, "
+                               f"got {[s.size for s in received]}")
+        self.segments[segment_id] = segment = received[0]
         segment.close_fd()  # mapped: descriptors must not grow with the pool
 
     def load(self, task_id: int, index: Any, slot: tuple[int, int, int]) -> None:
