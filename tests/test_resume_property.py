@@ -122,3 +122,24 @@ def test_a_resumed_loader_goes_on_as_the_uninterrupted_run(config, stop, workers
     # The rest of the saved epoch (or, once it was over, the next one), then one more.
     got = batches(iter(resumed)) + batches(iter(resumed))
     assert got == expected
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_three_save_and_load_cycles_inside_an_epoch_equal_one_run(workers):
+    def make():
+        return fl.DataLoader(Rows(), batch_size=2, shuffle=True, num_workers=workers)
+
+    np.random.seed(3)
+    loader = make()
+    expected = batches(iter(loader)) + batches(iter(loader))
+    np.random.seed(3)
+    loader, got = make(), []
+    for cycle in range(3):
+        it = iter(loader)
+        got += [next(it).tolist() for _ in range(2 + cycle)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        np.random.seed(100 + cycle)  # as in a fresh process
+        loader = make()
+        loader.load_state_dict(state)
+    got += batches(iter(loader)) + batches(iter(loader))
+    assert got == expected
