@@ -228,6 +228,8 @@ def test_sigkill_of_the_parent_leaves_no_worker():
 def test_keyboard_interrupt_mid_iteration_shuts_down():
     proc = run_script("""
         import os, signal, threading, time, fastload as fl, psutil
+        # As in a terminal, also where this test runs with SIGINT ignored.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         class Slow(fl.Dataset):
             def __len__(self): return 1000
             def __getitem__(self, i):
