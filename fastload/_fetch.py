@@ -127,7 +127,7 @@ class IterableDatasetFetcher(DatasetFetcher):
         # torchdata's rule: an iterator with a state of its own is what is
         # checkpointed; else the dataset, when it has one.
         self._stateful_source: Any = next(
-            (source for source in (self.dataset_iter, dataset) if _is_stateful(source)), None)
+            (source for source in (self.dataset_iter, dataset) if is_stateful(source)), None)
         self.stateful = self._stateful_source is not None
 
     def state(self) -> Any:
@@ -173,7 +173,8 @@ class IterableDatasetFetcher(DatasetFetcher):
         return self.collate(self.fetch_samples(possibly_batched_index), possibly_batched_index)
 
 
-def _is_stateful(source: Any) -> bool:
+def is_stateful(source: Any) -> bool:
+    """Whether ``source`` keeps a state: ``state_dict`` and ``load_state_dict``."""
     return callable(getattr(source, "state_dict", None)) and callable(
         getattr(source, "load_state_dict", None))
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from fastload import _seed
-from fastload._fetch import DatasetKind, create_fetcher, skip_batches
+from fastload._fetch import DatasetKind, create_fetcher, is_stateful, skip_batches
 from fastload._sample_rng import context as sample_context
 from fastload._state import dataset_state, sampler_state
 from fastload._stats import LoaderStats
@@ -198,7 +198,7 @@ class BaseIter:
         self._map_style = self._dataset_kind is DatasetKind.MAP
         # Whether the dataset's position is checkpointed: a map-style
         # dataset's own state in this process, an iterable one's stream.
-        self._dataset_stateful = callable(getattr(self._dataset, "state_dict", None))
+        self._dataset_stateful = is_stateful(self._dataset)
         self._stats = LoaderStats()
         self._returned_at: float | None = None
         if resume is None:

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from fastload import _seed
-from fastload._fetch import DatasetKind
+from fastload._fetch import DatasetKind, is_stateful
 from fastload._iterator import BaseIter, Progress, SingleProcessIter
 from fastload._multiprocess import MultiProcessingIter
 from fastload._seed import GeneratorArg
@@ -438,7 +438,8 @@ class DataLoader(Generic[T_co]):
             # on top, in the order the original run had. A sampler that ran
             # out describes a new epoch next (NOTE [ Resume contract ]).
             self._index_sampler.load_state_dict(self._resume_state["sampler"])
-        if state["finished"] and state["dataset"] is not None and self.num_workers == 0:
+        if (state["finished"] and state["dataset"] is not None and self.num_workers == 0
+                and is_stateful(self.dataset)):
             # Between epochs an iterable dataset is where its last stream
             # left it; the next iter() starts from there.
             self.dataset.load_state_dict(self._resume_state["dataset"])  # type: ignore[attr-defined]
