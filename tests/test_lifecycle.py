@@ -373,3 +373,22 @@ def test_kept_batches_cost_no_descriptor_under_a_low_rlimit_nofile():
     """, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "kept 100" in result.stdout
+
+
+class InitAlwaysFails:
+    def __call__(self, worker_id):
+        raise ValueError("no worker may start")
+
+
+@pytest.mark.timing
+def test_a_set_up_failure_is_raised_within_a_second_and_leaves_nothing_running():
+    def attempt():
+        loader = fl.DataLoader(Sleepy(n=8), batch_size=2, num_workers=2,
+                               worker_init_fn=InitAlwaysFails())
+        started = time.monotonic()
+        with pytest.raises(ValueError, match="no worker may start"):
+            next(iter(loader))
+        return time.monotonic() - started
+
+    assert min(attempt() for _ in range(3)) < 1.0  # best of three: a busy machine stalls one
+    assert not worker_children()
