@@ -3,6 +3,7 @@ next batch of the epoch and choosing the worker that loads it."""
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 from fastload._iterator import BaseIter
@@ -20,6 +21,10 @@ class WorkerIter(BaseIter):
         self._prefetch = loader.prefetch_factor * loader.num_workers
         self._in_order = loader.in_order
         self._table = TaskTable()  # NOTE [ Task lifecycle ]
+
+    def _deadline(self) -> float | None:
+        """When a wait that starts now must end (``timeout``), if ever."""
+        return time.monotonic() + self._timeout if self._timeout > 0 else None
 
     def _begin_round_robin(self, workers: int) -> None:
         """A new epoch's order, round robin and draw position."""

@@ -26,7 +26,7 @@ from fastload import _protocol
 from fastload._dispatch import WorkerIter
 from fastload._iterator import WorkerProgress, pin_target
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
-from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, LARGE, NEED, RESLOT
+from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT
 from fastload._stats import LoaderStats, WorkerStats
 from fastload._task_table import STREAM_ENDED, Failure, Task
 from fastload._worker_error import WorkerError
@@ -234,15 +234,13 @@ class MultiProcessingIter(WorkerIter):
     def _raise_last_words(self, worker_id: int) -> None:
         """A dead worker that reported why it ended (worker_init_fn raised,
         say) gets that exception raised, rather than its death."""
-        workers = self._workers
-        ring = workers.result_rings[worker_id]
-        while (data := ring.try_get()) is not None:
-            message = pickle.loads(data)
-            if message[0] == LARGE:
-                try:
-                    message = workers.receive_large(worker_id, message[1])
-                except (EOFError, WorkerGroupDied):
-                    return
+        while True:
+            try:
+                message = self._workers.next_result(worker_id)
+            except (EOFError, WorkerGroupDied):
+                return  # a large message its death cut short
+            if message is None:
+                return
             if message[0] == FAILED and message[1] == INIT_TASK:
                 self._raise_setup_failure(message[2])
 
@@ -251,10 +249,6 @@ class MultiProcessingIter(WorkerIter):
             raise StopIteration  # a worker died: the epoch ended there
         with self._deaths_reported():
             return self._next_batch()
-
-    def _deadline(self) -> float | None:
-        """When a wait that starts now must end (``timeout``), if ever."""
-        return time.monotonic() + self._timeout if self._timeout > 0 else None
 
     def _next_batch(self) -> Any:
         deadline = self._deadline()
@@ -341,14 +335,8 @@ class MultiProcessingIter(WorkerIter):
         """Handle every message waiting on the result rings; whether any was."""
         workers = self._workers
         handled = False
-        for worker_id, ring in enumerate(workers.result_rings):
-            while True:
-                data = ring.try_get()
-                if data is None:
-                    break
-                message = pickle.loads(data)
-                if message[0] == LARGE:
-                    message = workers.receive_large(worker_id, message[1])
+        for worker_id in range(workers.num_workers):
+            while (message := workers.next_result(worker_id)) is not None:
                 if defer_needs and message[0] == NEED:
                     self._needs.append(message)
                 else:

@@ -321,7 +321,7 @@ class ThreadIter(WorkerIter):
     def _next_data(self) -> Any:
         if not self.reusable:
             raise StopIteration  # the workers were stopped: the epoch ended there
-        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        deadline = self._deadline()
         while True:
             next_ready = self._table.pop_next_batch(self._in_order, self._progress.stream_ended)
             if next_ready is not None:

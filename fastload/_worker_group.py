@@ -241,6 +241,17 @@ class WorkerGroup:
     def send_record(self, worker_id: int, data: bytes) -> None:
         self.channels.send_record(worker_id, data)
 
+    def next_result(self, worker_id: int) -> tuple[Any, ...] | None:
+        """The next message waiting on a worker's result ring (a large one
+        read from its socket), or None."""
+        data = self.result_rings[worker_id].try_get()
+        if data is None:
+            return None
+        message: tuple[Any, ...] = pickle.loads(data)
+        if message[0] == _protocol.LARGE:
+            message = self.receive_large(worker_id, message[1])
+        return message
+
     def receive_large(self, worker_id: int, nbytes: int) -> tuple[Any, ...]:
         """The large message a worker announced (NOTE [ Worker protocol ])."""
         try:

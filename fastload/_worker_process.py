@@ -56,6 +56,13 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _exit_if_orphaned(parent_pid: int) -> None:
+    """A worker whose parent died (and was not killed with it: see NOTE
+    [ Shutdown protocol ] in fastload._worker_group) ends itself."""
+    if os.getppid() != parent_pid and not _pid_alive(parent_pid):
+        os._exit(0)
+
+
 def seed_worker(base_seed: int, worker_id: int) -> int:
     """Seed Python's, numpy's (and torch's, if imported) global generators.
 
@@ -146,10 +153,7 @@ class _Worker:
         return self.receive()
 
     def exit_if_orphaned(self) -> None:
-        """A worker whose parent died (and was not killed with it: see NOTE
-        [ Shutdown protocol ] in fastload._worker_group) ends itself."""
-        if os.getppid() != self.config["parent_pid"] and not _pid_alive(self.config["parent_pid"]):
-            os._exit(0)
+        _exit_if_orphaned(self.config["parent_pid"])
 
     def new_fetcher(self) -> None:
         self.fetcher = create_fetcher(self.kind, self.dataset, self.auto_collation,
@@ -337,7 +341,6 @@ def _watch_parent(parent_pid: int) -> None:
     def watch() -> None:
         while True:
             time.sleep(PARENT_POLL_SECONDS)
-            if os.getppid() != parent_pid and not _pid_alive(parent_pid):
-                os._exit(0)
+            _exit_if_orphaned(parent_pid)
 
     threading.Thread(target=watch, name="fastload-parent-watch", daemon=True).start()
