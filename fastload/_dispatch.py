@@ -6,8 +6,8 @@ import itertools
 import time
 from typing import Any
 
+from fastload._checkpoint import LoaderState, sampler_state
 from fastload._iterator import BaseIter
-from fastload._state import sampler_state
 from fastload._task_table import TaskTable
 
 
@@ -15,7 +15,7 @@ class WorkerIter(BaseIter):
     """A DataLoader iterator whose batches worker processes or threads load;
     subclasses send tasks (``_dispatch``) and collect answers."""
 
-    def __init__(self, loader: Any, resume: dict[str, Any] | None,
+    def __init__(self, loader: Any, resume: LoaderState | None,
                  base_seed: int | None = None) -> None:
         super().__init__(loader, resume, base_seed)
         self._prefetch = loader.prefetch_factor * loader.num_workers

@@ -39,14 +39,24 @@ class DatasetFetcher:
         """The samples of one batch, not yet collated."""
         raise NotImplementedError
 
-    # A stream whose position is checkpointed (see IterableDatasetFetcher).
+    # What keeps a state the checkpoint records (NOTE [ Resume contract ]):
+    # a map-style dataset with state_dict and load_state_dict; for an
+    # iterable dataset, see IterableDatasetFetcher.
+    _stateful_source: Any = None
     stateful = False
 
     def state(self) -> Any:
-        return None
+        """The dataset's position now (see ``restore``); None when nothing
+        keeps a state."""
+        source = self._stateful_source
+        return None if source is None else source.state_dict()
 
     def restore(self, state: Any) -> None:
-        """Nothing to restore: a map-style position is the sampler's."""
+        """Put the dataset back where ``state()`` was taken (for an iterable
+        dataset: called after iter(), as torchdata does, so a dataset that
+        sets its cursor up in ``__iter__`` keeps the restored one)."""
+        if state is not None and self._stateful_source is not None:
+            self._stateful_source.load_state_dict(state)
 
     def collate(self, samples: Any, index: Any) -> Any:
         """The batch of ``samples`` (fetched for ``index``): what ``fetch``
@@ -77,6 +87,8 @@ class MapDatasetFetcher(DatasetFetcher):
         super().__init__(dataset, auto_collation, collate_fn, drop_last)
         getitems = getattr(dataset, "__getitems__", None)
         self._getitems = getitems if getitems else None
+        if is_stateful(dataset):
+            self._stateful_source, self.stateful = dataset, True
 
     def fetch_samples(self, index: Any) -> Any:
         """The samples of one batch, not yet collated. The index being
@@ -126,28 +138,15 @@ class IterableDatasetFetcher(DatasetFetcher):
         self.ended = False
         # torchdata's rule: an iterator with a state of its own is what is
         # checkpointed; else the dataset, when it has one.
-        self._stateful_source: Any = next(
+        self._stateful_source = next(
             (source for source in (self.dataset_iter, dataset) if is_stateful(source)), None)
         self.stateful = self._stateful_source is not None
-
-    def state(self) -> Any:
-        """The stream's position now (see ``restore``); None when neither the
-        iterator nor the dataset keeps a state."""
-        source = self._stateful_source
-        return None if source is None else source.state_dict()
 
     def end_state(self) -> Any:
         """The dataset's own state once its stream ran out (it has seen
         StopIteration), where the next epoch starts from; None when the
         stream's state is its iterator's, which the next epoch replaces."""
         return self.state() if self._stateful_source is self.dataset else None
-
-    def restore(self, state: Any) -> None:
-        """Put the stream back where ``state()`` was taken: called after
-        iter(), as torchdata does, so a dataset that sets its cursor up in
-        ``__iter__`` keeps the restored one."""
-        if state is not None and self._stateful_source is not None:
-            self._stateful_source.load_state_dict(state)
 
     def fetch_samples(self, index: Any) -> list[Any]:
         """The next ``len(index)`` samples, not yet collated; StopIteration
@@ -206,7 +205,7 @@ def describe_failure(index: Any) -> str:
 def skip_batches(fetcher: DatasetFetcher, count: int, batch_size: int | None) -> None:
     """Read and drop the next ``count`` batches of an iterable dataset's
     fetcher: those a worker delivered after the dataset state a resume
-    starts from (NOTE [ Resume contract ] in fastload._state). A batch
+    starts from (NOTE [ Resume contract ] in fastload._checkpoint). A batch
     that failed was delivered as its exception, so it counts as read."""
     index = None if batch_size is None else [None] * batch_size
     for _ in range(count):

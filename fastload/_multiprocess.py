@@ -22,9 +22,10 @@ import time
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
-from fastload import _protocol
+from fastload import _checkpoint, _protocol
+from fastload._checkpoint import LoaderState
 from fastload._dispatch import WorkerIter
-from fastload._iterator import WorkerProgress, pin_target
+from fastload._iterator import pin_target
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT
 from fastload._stats import LoaderStats, WorkerStats
@@ -55,7 +56,7 @@ def _copy_out(batch: Any) -> Any:
 class MultiProcessingIter(WorkerIter):
     """Loads in worker processes."""
 
-    def __init__(self, loader: Any, resume: dict[str, Any] | None,
+    def __init__(self, loader: Any, resume: LoaderState | None,
                  base_seed: int | None = None, start_states: list[Any] | None = None) -> None:
         """``start_states``: each worker's dataset state to start from (a
         persistent-workers run resumed between epochs)."""
@@ -73,11 +74,8 @@ class MultiProcessingIter(WorkerIter):
         self._pin_custom = pin_target(loader) is not None
         self._stats.workers = [WorkerStats() for _ in range(loader.num_workers)]
         progress = self._progress
-        if resume is not None and resume["workers"] is not None:
-            progress.workers = [WorkerProgress(**w) for w in resume["workers"]]
-            progress.next_worker = resume["next_worker"]
-        elif not self._map_style:
-            progress.workers = [WorkerProgress() for _ in range(loader.num_workers)]
+        progress.workers, progress.next_worker = _checkpoint.worker_states(
+            resume, loader.num_workers, _checkpoint.tracks_replicas(loader))
         self._workers = WorkerGroup(loader, self._base_seed, progress.epoch, progress.workers,
                                     start_states)
         with self._deaths_reported():
@@ -111,7 +109,9 @@ class MultiProcessingIter(WorkerIter):
         super()._reset(loader)
         epoch = self._progress.epoch
         if not self._map_style:
-            self._progress.workers = [WorkerProgress() for _ in range(self._workers.num_workers)]
+            # A new stream per worker (a map-style replica goes on as it is).
+            self._progress.workers, _ = _checkpoint.worker_states(
+                None, self._workers.num_workers, tracked=True)
         lookahead, self._lookahead = self._lookahead, None
         if lookahead is not None and lookahead.epoch == epoch:
             self._carried = CarriedTasks(lookahead.tasks)

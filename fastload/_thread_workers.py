@@ -51,6 +51,7 @@ a thread needs no start-up to hide, and the batches are the same either way.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import queue
 import random
@@ -62,9 +63,11 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from fastload import _checkpoint
+from fastload._checkpoint import LoaderState, WorkerState
 from fastload._dispatch import WorkerIter
-from fastload._fetch import DatasetKind, create_fetcher, describe_failure, skip_batches
-from fastload._iterator import WorkerProgress, pin_batch, pin_target
+from fastload._fetch import DatasetKind, create_fetcher, describe_failure
+from fastload._iterator import pin_batch, pin_target
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK
 from fastload._sample_rng import context as sample_context
 from fastload._stats import WorkerStats
@@ -133,23 +136,25 @@ class _Worker:
     replica. It holds no reference to the iterator."""
 
     def __init__(self, worker_id: int, config: _Config, results: queue.SimpleQueue[Any],
-                 epoch: int, resume: WorkerProgress | None) -> None:
+                 epoch: int, resume: WorkerState | None, start_state: Any = None) -> None:
+        """``start_state``: the replica's dataset state to start from (a
+        persistent-workers run resumed between epochs)."""
         self.worker_id = worker_id
         self.config = config
         self.results = results
         self.tasks: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.map_style = config.kind is DatasetKind.MAP
         self.dataset = config.dataset if self.map_style else _replica(config.dataset)
-        self.stateful = (not self.map_style
-                         and callable(getattr(self.dataset, "state_dict", None)))
         self.fetcher: Any = None
         self.ended = False
         self.batches_done = 0
         self.first_batch = True
+        if start_state is not None:
+            self.dataset.load_state_dict(start_state)
         self.thread = threading.Thread(target=self.run, args=(epoch, resume), daemon=True,
                                        name=f"fastload-worker-{worker_id}")
 
-    def run(self, epoch: int, resume: WorkerProgress | None) -> None:
+    def run(self, epoch: int, resume: WorkerState | None) -> None:
         config, worker_id = self.config, self.worker_id
         where = "while starting"
         try:
@@ -170,17 +175,15 @@ class _Worker:
         finally:
             set_thread_worker_info(None)
 
-    def new_fetcher(self, resume: WorkerProgress | None = None) -> None:
+    def new_fetcher(self, resume: WorkerState | None = None) -> None:
         """A fresh fetcher; with ``resume``, an iterable dataset put where a
         checkpoint left this worker (as a worker process does)."""
         config = self.config
-        if resume is not None and resume.state is not None:
-            self.dataset.load_state_dict(resume.state)
         self.fetcher = create_fetcher(config.kind, self.dataset, config.auto_collation,
                                       config.collate_fn, config.drop_last)
         self.ended, self.batches_done = False, 0
         if resume is not None:
-            skip_batches(self.fetcher, resume.yielded - resume.state_step, config.batch_size)
+            _checkpoint.resume_replica(self.fetcher, resume, config.batch_size)
             self.ended, self.batches_done = resume.ended, resume.yielded
 
     def serve(self) -> None:
@@ -198,10 +201,10 @@ class _Worker:
             self.load(message[1], message[2])
 
     def load(self, task_id: int, index: Any) -> None:
-        if self.ended:
-            self.results.put((ENDED, task_id))
-            return
         fetcher = self.fetcher
+        if self.ended:
+            self.results.put((ENDED, task_id, fetcher.end_state()))
+            return
         watched = _global_rng_states() if self.first_batch else None
         self.first_batch = False
         started = time.perf_counter()
@@ -215,7 +218,7 @@ class _Worker:
                 fetched = time.perf_counter()
         except StopIteration:
             self.ended = True
-            self.results.put((ENDED, task_id))
+            self.results.put((ENDED, task_id, fetcher.end_state()))
             return
         except Exception as exc:
             # The batch is delivered as its exception; the epoch goes on.
@@ -226,8 +229,11 @@ class _Worker:
         if watched is not None and _global_rng_states() != watched:
             self.results.put((GLOBAL_RNG_USED, self.worker_id))
         self.batches_done += 1
-        has_state = self.stateful and self.batches_done % self.config.snapshot_every == 0
-        state = self.dataset.state_dict() if has_state else None
+        every = self.config.snapshot_every
+        # A map-style dataset is shared, not a replica (NOTE [ Resume contract ]).
+        has_state = (fetcher.stateful and not self.map_style and every > 0
+                     and self.batches_done % every == 0)
+        state = fetcher.state() if has_state else None
         self.results.put((DONE, task_id, batch, fetched - started,
                           time.perf_counter() - fetched, has_state, state,
                           getattr(fetcher, "ended", False)))
@@ -248,8 +254,9 @@ def _stop_workers(workers: list[_Worker], stop: threading.Event) -> None:
 class ThreadIter(WorkerIter):
     """Loads in worker threads of this process (NOTE [ Thread workers ])."""
 
-    def __init__(self, loader: Any, resume: dict[str, Any] | None,
-                 base_seed: int | None = None) -> None:
+    def __init__(self, loader: Any, resume: LoaderState | None,
+                 base_seed: int | None = None, start_states: list[Any] | None = None) -> None:
+        """``start_states``: as for MultiProcessingIter."""
         super().__init__(loader, resume, base_seed)
         workers = loader.num_workers
         self._pin_torch = pin_target(loader)
@@ -257,16 +264,16 @@ class ThreadIter(WorkerIter):
         self._warned_global_rng = False
         self._stats.workers = [WorkerStats() for _ in range(workers)]
         progress = self._progress
-        resumed: list[WorkerProgress | None] = [None] * workers
-        if resume is not None and resume["workers"] is not None:
-            progress.workers = [WorkerProgress(**w) for w in resume["workers"]]
-            progress.next_worker = resume["next_worker"]
-            resumed = list(progress.workers)
-        elif not self._map_style:
-            progress.workers = [WorkerProgress() for _ in range(workers)]
+        progress.workers, progress.next_worker = _checkpoint.worker_states(
+            resume, workers, _checkpoint.tracks_replicas(loader))
+        resumed: list[WorkerState | None] = [None] * workers
+        if resume is not None and progress.workers is not None:
+            resumed = [dataclasses.replace(worker) for worker in progress.workers]
         config = _Config(loader, self._base_seed)
-        self._workers = [_Worker(i, config, self._results, progress.epoch, resumed[i])
-                         for i in range(workers)]
+        self._workers = [
+            _Worker(i, config, self._results, progress.epoch, resumed[i],
+                    None if start_states is None else start_states[i])
+            for i in range(workers)]
         self._stop_all = weakref.finalize(self, _stop_workers, self._workers, config.stop)
         for worker in self._workers:
             worker.thread.start()
@@ -296,7 +303,8 @@ class ThreadIter(WorkerIter):
         batches are dropped when they arrive."""
         super()._reset(loader)
         if not self._map_style:
-            self._progress.workers = [WorkerProgress() for _ in self._workers]
+            self._progress.workers, _ = _checkpoint.worker_states(
+                None, len(self._workers), tracked=True)
         table = self._table
         table.abandon([*table.in_flight, *table.ready])
         table.stale.clear()  # their answers are dropped when they arrive
@@ -407,6 +415,7 @@ class ThreadIter(WorkerIter):
             task.dataset_ended = message[7]
             table.finish(task_id, message[2])
         elif kind == ENDED:
+            task.dataset_state = message[2]
             self._active[task.worker_id] = False
             table.finish(task_id, STREAM_ENDED)
             self._dispatch()

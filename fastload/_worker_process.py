@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from fastload import _protocol
+from fastload import _checkpoint, _protocol
 from fastload._fast_path import BatchWriter
-from fastload._fetch import DatasetKind, create_fetcher, describe_failure, skip_batches
+from fastload._fetch import DatasetKind, create_fetcher, describe_failure
 from fastload._protocol import (
     DONE,
     ENDED,
@@ -162,16 +162,14 @@ class _Worker:
         self.batches_done = 0
 
     def resume(self, progress: dict[str, Any]) -> None:
-        """Put this worker's iterable dataset where a checkpoint left it: its
-        state, then the batches delivered after that state read and dropped
-        (NOTE [ Resume contract ] in fastload._state)."""
+        """Put this worker's dataset replica where a checkpoint left it
+        (NOTE [ Resume contract ] in fastload._checkpoint)."""
         self.new_fetcher()
-        # After iter(), as torchdata does (see IterableDatasetFetcher.restore).
-        self.fetcher.restore(progress["state"])
-        skip_batches(self.fetcher, progress["yielded"] - progress["state_step"],
-                     self.config["batch_size"] if self.auto_collation else None)
-        self.batches_done = progress["yielded"]
-        self.ended = progress["ended"]
+        replica = _checkpoint.WorkerState(**progress)
+        _checkpoint.resume_replica(self.fetcher, replica,
+                                   self.config["batch_size"] if self.auto_collation else None)
+        self.batches_done = replica.yielded
+        self.ended = replica.ended
 
     def run(self, resume: dict[str, Any] | None) -> None:
         start_state = self.config["start_state"]

@@ -8,7 +8,6 @@ through a fetcher from ``_fetch``, which worker processes use unchanged.
 """
 from __future__ import annotations
 
-import copy
 import math
 import multiprocessing
 import multiprocessing.context
@@ -19,18 +18,12 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from fastload import _seed
-from fastload._fetch import DatasetKind, is_stateful
-from fastload._iterator import BaseIter, Progress, SingleProcessIter
+from fastload import _checkpoint, _seed
+from fastload._checkpoint import LoaderState, Progress
+from fastload._fetch import DatasetKind
+from fastload._iterator import BaseIter, SingleProcessIter
 from fastload._multiprocess import MultiProcessingIter
 from fastload._seed import GeneratorArg
-from fastload._state import (
-    STATE_VERSION,
-    check_compatible,
-    dataset_state,
-    describe_loader,
-    sampler_state,
-)
 from fastload._stats import LoaderStats
 from fastload._thread_workers import ThreadIter
 from fastload._torch import torch_or_none
@@ -50,17 +43,6 @@ _WORKER_METHODS = ("multiprocessing", "thread")
 # Settings that decide which indices are fetched; changing them under a live
 # iterator would silently break it, so they are fixed after construction.
 _FROZEN = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
-
-
-def _ranges(positions: Iterable[int]) -> list[list[int]]:
-    """Sorted positions as [start, stop) runs: a checkpoint stays small."""
-    runs: list[list[int]] = []
-    for position in sorted(positions):
-        if runs and runs[-1][1] == position:
-            runs[-1][1] += 1
-        else:
-            runs.append([position, position + 1])
-    return runs
 
 
 class _InfiniteConstantSampler(Sampler[None]):
@@ -257,7 +239,7 @@ class DataLoader(Generic[T_co]):
         # loaded state waiting for the next iter() (NOTE [ Resume contract ]).
         self._epoch = 0
         self._progress: Progress | None = None
-        self._resume_state: dict[str, Any] | None = None
+        self._resume_state: LoaderState | None = None
         self.__initialized = True
         self.check_worker_number_rationality()
 
@@ -306,14 +288,14 @@ class DataLoader(Generic[T_co]):
     def _index_sampler(self) -> Any:
         return self.batch_sampler if self._auto_collation else self.sampler
 
-    def _get_iterator(self, resume: dict[str, Any] | None = None,
+    def _get_iterator(self, resume: LoaderState | None = None,
                       base_seed: int | None = None,
                       start_states: list[Any] | None = None) -> BaseIter:
         iterator: BaseIter
         if self.num_workers == 0:
             iterator = SingleProcessIter(self, resume)
         elif self.worker_method == "thread":
-            iterator = ThreadIter(self, resume, base_seed)
+            iterator = ThreadIter(self, resume, base_seed, start_states)
         else:
             iterator = MultiProcessingIter(self, resume, base_seed, start_states)
         self._latest_iterator = weakref.ref(iterator)
@@ -331,23 +313,12 @@ class DataLoader(Generic[T_co]):
 
     def __iter__(self) -> BaseIter:
         warn_if_not_sharded(self._index_sampler, self._dataset_kind is DatasetKind.MAP)
-        resume, self._resume_state = self._resume_state, None
-        kept_base_seed = None
-        start_states = None
-        if resume is not None:
-            self._rng = _seed.restored_generator(self._rng, resume["generator"])
-            self._epoch = resume["epoch"] + 1 if resume["finished"] else resume["epoch"]
-            if resume["finished"]:
-                if self.persistent_workers:
-                    # The saved run's next epoch reused its iterator and so its
-                    # base seed (None if it had no iterator yet), drawing none
-                    # from the generator: so must this one.
-                    kept_base_seed = resume["base_seed"]
-                    # And its workers' datasets were where their streams
-                    # ended (iterable datasets).
-                    if resume["workers"] is not None:
-                        start_states = [w["state"] for w in resume["workers"]]
-                resume = None  # the sampler was restored by load_state_dict
+        pending, self._resume_state = self._resume_state, None
+        resume, kept_base_seed, start_states = None, None, None
+        if pending is not None:
+            start = _checkpoint.start(self, pending)
+            resume, kept_base_seed, start_states = (start.state, start.base_seed,
+                                                    start.replica_states)
             if self._iterator is not None:
                 # Persistent workers hold the old position; start afresh.
                 self._iterator._shutdown()
@@ -376,73 +347,20 @@ class DataLoader(Generic[T_co]):
         """The loader's position after the last batch it delivered, as a plain
         dict: ``load_state_dict`` of it on a loader built the same way makes
         the next ``iter()`` deliver exactly the batches that were still to
-        come (NOTE [ Resume contract ] in fastload._state). The sampler and
-        dataset states inside are the snapshots themselves, not copies: treat
-        the dict as read-only (or copy it) if the loader runs on."""
-        if self._resume_state is not None:
-            return copy.deepcopy(self._resume_state)
-        progress = self._progress
-        # Seeded now if not yet, so that the resumed run draws what this one
-        # will (NOTE [ Determinism contract ]).
-        self._rng = _seed.own_generator(self._rng)
-        # None: no iterator has drawn a base seed yet.
-        base_seed = None if progress is None else progress.base_seed
-        if progress is None:
-            progress = Progress(self._epoch - 1, 0)
-            progress.finished = True
-            # The sampler's generator too, seeded now if it was not.
-            progress.sampler = sampler_state(self._index_sampler)
-            if self._dataset_kind is DatasetKind.ITERABLE:
-                progress.dataset = dataset_state(self.dataset)
-        elif (self.num_workers > 0 and not self.in_order
-              and self._dataset_kind is DatasetKind.ITERABLE):
-            raise ValueError(
-                "state_dict() of an iterable dataset needs in_order=True with worker "
-                "processes: with in_order=False each worker's stream position is not "
-                "a prefix of what it loaded")
-        return {
-            "version": STATE_VERSION,
-            "settings": describe_loader(self),
-            "epoch": progress.epoch,
-            "base_seed": base_seed,
-            "yielded": progress.yielded,
-            # in_order=False: batches delivered past the first one missing.
-            "delivered_beyond": _ranges(progress.beyond),
-            "finished": progress.finished,
-            "sampler": progress.sampler,
-            "sampler_step": progress.sampler_step,
-            "generator": _seed.generator_state(self._rng),
-            "dataset": progress.dataset,
-            "dataset_step": progress.dataset_step,
-            "dataset_ended": progress.dataset_ended,
-            "workers": (None if progress.workers is None
-                        else [w.as_dict() for w in progress.workers]),
-            "next_worker": progress.next_worker,
-        }
+        come (NOTE [ Resume contract ] in fastload._checkpoint). The sampler
+        and dataset states inside are the snapshots themselves, not copies:
+        treat the dict as read-only (or copy it) if the loader runs on."""
+        return _checkpoint.capture(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a ``state_dict()`` at the next ``iter()`` (a state taken
         after an epoch ran out restores the sampler at once, so that, as in the
-        original run, a ``set_epoch`` before that ``iter()`` applies). Raises
-        ValueError, naming what differs, for a state of a loader with another
-        dataset length, batch size, drop_last, or (iterable datasets) number
-        of workers."""
-        if not state:
-            return  # torchdata's "start fresh"
-        check_compatible(state, self)
-        self._resume_state = copy.deepcopy(state)
-        if state["finished"] and state["sampler"] is not None:
-            # The saved epoch ran out, so the sampler is restored now rather
-            # than at the next iter(): what the caller sets on it in between
-            # (DistributedSampler.set_epoch for the next epoch) then applies
-            # on top, in the order the original run had. A sampler that ran
-            # out describes a new epoch next (NOTE [ Resume contract ]).
-            self._index_sampler.load_state_dict(self._resume_state["sampler"])
-        if (state["finished"] and state["dataset"] is not None and self.num_workers == 0
-                and is_stateful(self.dataset)):
-            # Between epochs an iterable dataset is where its last stream
-            # left it; the next iter() starts from there.
-            self.dataset.load_state_dict(self._resume_state["dataset"])  # type: ignore[attr-defined]
+        original run, a ``set_epoch`` before that ``iter()`` applies). An empty
+        state is a no-op. Raises ValueError, naming what differs, for a state
+        of a loader with another dataset length, batch size, drop_last, or
+        (datasets whose replicas keep a state) number of workers, and for
+        anything that is not such a state."""
+        self._resume_state = _checkpoint.load(self, state)
 
     def __len__(self) -> int:
         if self._dataset_kind is DatasetKind.ITERABLE:

@@ -134,7 +134,7 @@ class _EpochSampler(Sampler[int]):
             yield current
             done += len(items)
         # Run out: a state taken now says that the next iteration starts a
-        # new epoch (NOTE [ Resume contract ] in fastload._state).
+        # new epoch (NOTE [ Resume contract ] in fastload._checkpoint).
         self._token = None
 
     def __iter__(self) -> Iterator[int]:

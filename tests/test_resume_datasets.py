@@ -1,6 +1,7 @@
 """Checkpoints of datasets with a state of their own, with torchdata's
-semantics (NOTE [ Resume contract ] in fastload._state): the order of calls,
+semantics (NOTE [ Resume contract ] in fastload._checkpoint): the order of calls,
 the end of an epoch, stateful iterators, map-style datasets."""
+import json
 import time
 
 import numpy as np
@@ -248,3 +249,89 @@ def test_in_order_false_with_workers_resumes_every_batch_exactly_once(resume_wor
     assert delivered == list(range(40))  # each sample exactly once
     assert sorted(map(tuple, head + rest)) == sorted(
         map(tuple, (b.tolist() for b in make(0, True))))
+
+
+def test_a_stateful_stream_with_snapshot_every_zero_resumes_in_worker_threads():
+    def make():
+        return fl.DataLoader(Cursor(12), batch_size=2, num_workers=2, worker_method="thread",
+                             snapshot_every_n_steps=0)
+
+    full = values(make())
+    loader = make()
+    it = iter(loader)
+    head = values(next(it) for _ in range(3))
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + values(resumed) == full
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_map_style_dataset_states_are_kept_per_worker_replica(persistent):
+    """Each worker process's replica counts what it served; a resumed loader
+    puts each replica back, so the counts go on as in the uninterrupted run."""
+    def make():
+        return fl.DataLoader(Counting(), batch_size=3, num_workers=2,
+                             persistent_workers=persistent)
+
+    def rows(batches):
+        return [b.tolist() for b in batches]
+
+    uninterrupted = make()
+    full = rows(uninterrupted) + rows(uninterrupted)
+    # Each replica's count goes on over its batches, not the whole epoch's.
+    assert [row[1] for row in full[0]] == [1, 2, 3] and [row[1] for row in full[1]] == [1, 2, 3]
+    assert [row[1] for row in full[2]] == [4, 5, 6]
+    for taken in range(5):
+        loader = make()
+        it = iter(loader)
+        head = rows(next(it) for _ in range(taken))
+        state = json.loads(json.dumps(loader.state_dict()))
+        resumed = make()
+        resumed.load_state_dict(state)
+        got = head + rows(resumed)
+        if not persistent:
+            # New worker processes copy the main process's dataset again.
+            assert got == full[:4]
+            continue
+        assert got + rows(resumed) == full, taken
+
+
+def test_map_style_replica_states_fit_only_as_many_worker_processes():
+    loader = fl.DataLoader(Counting(), batch_size=3, num_workers=2)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    assert [worker["state"] for worker in state["workers"]] == [{"served": 3}, None]
+    for workers, method, difference in (
+            (0, "multiprocessing", "num_workers is 0 here but 2 in the state"),
+            (3, "multiprocessing", "num_workers is 3 here but 2 in the state"),
+            (2, "thread", "worker_method is 'thread' here but 'multiprocessing' in the state")):
+        other = fl.DataLoader(Counting(), batch_size=3, num_workers=workers,
+                              worker_method=method)
+        with pytest.raises(ValueError, match=difference):
+            other.load_state_dict(state)
+
+
+def test_a_map_style_state_before_any_worker_loaded_seeds_every_replica():
+    dataset = Counting()
+    dataset.served = 50
+    state = fl.DataLoader(dataset, batch_size=3, num_workers=2).state_dict()
+    resumed = fl.DataLoader(Counting(), batch_size=3, num_workers=2)
+    resumed.load_state_dict(state)
+    assert [row[1] for b in resumed for row in b.tolist()][:6] == [51, 52, 53] * 2
+
+
+@pytest.mark.parametrize("method", ["multiprocessing", "thread"])
+def test_persistent_workers_of_either_method_resume_where_their_streams_ended(method):
+    def make():
+        return fl.DataLoader(ShardedCursor(), batch_size=2, num_workers=2,
+                             persistent_workers=True, worker_method=method)
+
+    uninterrupted = make()
+    epochs = [sorted(values(uninterrupted)) for _ in range(2)]
+    saved = make()
+    sorted(values(saved))
+    resumed = make()
+    resumed.load_state_dict(saved.state_dict())
+    assert sorted(values(resumed)) == epochs[1] == list(range(100, 110))

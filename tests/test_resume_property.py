@@ -1,69 +1,45 @@
 """Resume, as a property: for generated sampler configurations, stop points,
 worker counts and persistence, with and without a generator, a loader built
-afresh (numpy's global RNG elsewhere, as in another process) that loads the
-state delivers exactly what the uninterrupted run delivers next: the rest of
-the epoch and the epoch after it (NOTE [ Resume contract ] in fastload._state)."""
+in a fresh process (numpy's global RNG elsewhere) that loads the state, sent
+as JSON, delivers exactly what the uninterrupted run delivers next: the rest
+of the epoch and the epoch after it (NOTE [ Resume contract ] in fastload._checkpoint)."""
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+from _resume_configs import Rows, batches, make_loader
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fastload as fl
 
-N = 23
+TESTS = Path(__file__).resolve().parent
 
 
-class Rows(fl.Dataset):
-    def __len__(self):
-        return N
+@pytest.fixture(scope="module")
+def fresh_process():
+    """A process that never ran the uninterrupted loader: each state is
+    resumed there, from JSON, as a restarted training job would."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    server = subprocess.Popen([sys.executable, str(TESTS / "_resume_configs.py")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=env)
 
-    def __getitem__(self, i):
-        return i
+    def resume(**request):
+        server.stdin.write(json.dumps(request) + "\n")
+        server.stdin.flush()
+        answer = server.stdout.readline()
+        assert answer, f"the resuming process exited with {server.wait()}"
+        return json.loads(answer)
 
-
-class EveryOther(fl.Sampler):
-    """A custom sampler without state: fast-forwarded by counting."""
-
-    def __iter__(self):
-        return iter(list(range(0, N, 2)) + list(range(1, N, 2)))
-
-    def __len__(self):
-        return N
-
-
-def make_loader(config, workers, persistent):
-    kind, generator = config["sampler"], config["generator"]
-    kwargs = dict(num_workers=workers, persistent_workers=persistent and workers > 0,
-                  batch_size=config["batch_size"], drop_last=config["drop_last"])
-    if kind == "sequential":
-        return fl.DataLoader(Rows(), **kwargs)
-    if kind == "shuffle":
-        return fl.DataLoader(Rows(), shuffle=True, generator=generator, **kwargs)
-    if kind == "replacement":
-        sampler = fl.RandomSampler(Rows(), replacement=True, num_samples=17,
-                                   generator=generator)
-    elif kind == "num_samples":
-        sampler = fl.RandomSampler(Rows(), num_samples=31, generator=generator)
-    elif kind == "subset":
-        sampler = fl.SubsetRandomSampler(list(range(3, N, 2)), generator=generator)
-    elif kind == "weighted":
-        sampler = fl.WeightedRandomSampler(np.arange(1.0, N + 1), 19, replacement=False,
-                                           generator=generator)
-    elif kind == "distributed":
-        sampler = fl.DistributedSampler(Rows(), num_replicas=2, rank=1, seed=4)
-    else:
-        sampler = EveryOther()
-    if config["batch_sampler"]:
-        batch_sampler = fl.BatchSampler(sampler, kwargs.pop("batch_size"),
-                                        kwargs.pop("drop_last"))
-        return fl.DataLoader(Rows(), batch_sampler=batch_sampler, **kwargs)
-    return fl.DataLoader(Rows(), sampler=sampler, **kwargs)
-
-
-def batches(iterator):
-    return [batch.tolist() for batch in iterator]
+    yield resume
+    server.stdin.close()
+    server.wait(timeout=30)
 
 
 configs = st.fixed_dictionaries({
@@ -85,7 +61,8 @@ stops = st.tuples(st.integers(0, 2), st.sampled_from(["before", "k", "end", "aft
 @settings(max_examples=80, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(configs, stops, st.sampled_from([0, 2]), st.booleans())
-def test_a_resumed_loader_goes_on_as_the_uninterrupted_run(config, stop, workers, persistent):
+def test_a_resumed_loader_goes_on_as_the_uninterrupted_run(fresh_process, config, stop,
+                                                           workers, persistent):
     epochs_before, where, k = stop
 
     def run(loader, interrupt):
@@ -116,11 +93,8 @@ def test_a_resumed_loader_goes_on_as_the_uninterrupted_run(config, stop, workers
     expected = run(make_loader(config, workers, persistent), interrupt=False)
     np.random.seed(11)
     state = json.loads(json.dumps(run(make_loader(config, workers, persistent), True)))
-    np.random.seed(99)  # whatever another process's global RNG holds
-    resumed = make_loader(config, workers, persistent)
-    resumed.load_state_dict(state)
-    # The rest of the saved epoch (or, once it was over, the next one), then one more.
-    got = batches(iter(resumed)) + batches(iter(resumed))
+    got = fresh_process(config=config, workers=workers, persistent=persistent, state=state,
+                        global_seed=99)
     assert got == expected
 
 

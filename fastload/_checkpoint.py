@@ -1,0 +1,476 @@
+"""Checkpoints of a DataLoader: the state's definition, its capture
+(``DataLoader.state_dict``) and its restore (``load_state_dict``, the next
+``iter()``, and each worker), in one place.
+
+NOTE [ Resume contract ]
+
+A state describes the position right after the last batch the user
+received, never what workers prefetched. It is made of:
+
+* the index sampler's own state, recorded when the last delivered batch's
+  indices were drawn (every ``snapshot_every_n_steps`` batches), plus the
+  number of batches delivered since that snapshot, to be skipped by counting
+  on resume. Samplers with ``state_dict`` (fastload's random samplers,
+  BatchSampler over them, DistributedSampler) resume in O(1): same
+  permutation, same position, no index replayed and no sample fetched.
+  Samplers without state are fast-forwarded by counting whole batches from
+  the start of the epoch, as torchdata does;
+* for iterable datasets, the stream's state after each delivered batch, per
+  worker (recorded in the worker right after it fetched that batch), plus
+  the batches to skip since, which worker is next in the round robin, and
+  which workers had run dry. As in torchdata, the stream's state is that of
+  the iterator ``__iter__`` returned when it has ``state_dict`` and
+  ``load_state_dict``, else the dataset's; it is restored after ``iter()``,
+  so a dataset that sets its cursor up in ``__iter__`` keeps the restored
+  one. In the main process a state is also taken when the loader starts an
+  epoch (a state before the first batch holds where the stream starts) and
+  after the stream ran out (the dataset has then seen StopIteration: an
+  epoch counter moved on), which load_state_dict restores at once, as the
+  sampler's;
+* for a map-style dataset with ``state_dict`` and ``load_state_dict``, its
+  state as torchdata keeps it: loaded in the main process, the dataset's at
+  each snapshot, restored before the next batch; loaded by worker processes,
+  each replica's, recorded in its worker at the worker's snapshot steps and
+  restored into the same worker id, which is why such a state only fits the
+  same number of worker processes (worker threads share the main process's
+  dataset and record none). A state taken before any worker loaded holds
+  the main process's dataset, which every replica then starts from;
+* with ``in_order=False`` (map-style), batches are delivered out of order:
+  the delivered count is the contiguous prefix of the epoch, and the
+  positions delivered past it are kept as [start, stop) runs
+  (``delivered_beyond``). A resumed loader, with any number of workers,
+  draws those positions from the sampler and loads none of them, so every
+  batch of the epoch is delivered exactly once;
+* ``snapshot_every_n_steps=0`` takes no snapshot within an epoch: a state
+  then counts the delivered batches from the epoch's start. An empty state
+  (``{}``) loads as "start fresh", as in torchdata;
+* a sampler's state describes where its next iteration starts: once an
+  epoch has run out, a new epoch (the generator as it is then). A state
+  whose every batch was delivered (the StopIteration not yet seen) resumes
+  as an empty remainder of that epoch, by counting against len(sampler);
+* the base seed and epoch, so worker seeds and ``sample_rng()`` streams are
+  the same after a resume, and the loader generator's state, so the epochs
+  after it shuffle as they would have (NOTE [ Determinism contract ]).
+
+``LoaderState`` is the state's definition; ``to_dict`` gives plain Python
+and numpy values: picklable, and JSON-serialisable when the samplers' and
+datasets' own states are. Version 1 states (fastload before per-replica
+map-style dataset states) load unchanged: every version-2 field they lack
+has a value that means what version 1 meant.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from fastload import _seed
+from fastload._fetch import (
+    DatasetFetcher,
+    DatasetKind,
+    IterableDatasetFetcher,
+    is_stateful,
+    skip_batches,
+)
+
+STATE_VERSION = 2
+# Fields a version-1 state may lack, with the value that means what version 1
+# meant: no batch delivered out of order.
+_VERSION_1_DEFAULTS: dict[str, Any] = {"delivered_beyond": []}
+
+
+def sampler_state(sampler: Any) -> Any:
+    """The sampler's state_dict(), or None for a sampler that keeps none."""
+    getter = getattr(sampler, "state_dict", None)
+    return getter() if callable(getter) else None
+
+
+@dataclasses.dataclass
+class WorkerState:
+    """One worker's dataset replica: its state after batch ``state_step`` of
+    the ``yielded`` it delivered, and whether its iterable stream ran out."""
+
+    yielded: int = 0
+    state: Any = None
+    state_step: int = 0
+    ended: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"yielded": self.yielded, "state": self.state,
+                "state_step": self.state_step, "ended": self.ended}
+
+
+@dataclasses.dataclass
+class LoaderState:
+    """What ``state_dict()`` returns, typed (NOTE [ Resume contract ])."""
+
+    settings: dict[str, Any]
+    epoch: int
+    base_seed: int | None
+    yielded: int
+    delivered_beyond: list[list[int]]
+    finished: bool
+    sampler: Any
+    sampler_step: int
+    generator: Any
+    dataset: Any
+    dataset_step: int
+    dataset_ended: bool
+    workers: list[WorkerState] | None
+    next_worker: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (the nested sampler and dataset states are shared,
+        not copied)."""
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        if self.workers is not None:
+            fields["workers"] = [worker.as_dict() for worker in self.workers]
+        return {"version": STATE_VERSION, **fields}
+
+    @classmethod
+    def from_dict(cls, state: Any) -> LoaderState:
+        """The typed state of a ``to_dict()`` value (version 1 or 2); raises
+        ValueError saying what is wrong with anything else."""
+        if not isinstance(state, dict) or "version" not in state:
+            raise ValueError(
+                "not a fastload DataLoader state: expected the dict that "
+                f"DataLoader.state_dict() returns, got {type(state).__name__}"
+                + ("" if not isinstance(state, dict) else " without a 'version'"))
+        version = state["version"]
+        if version not in (1, STATE_VERSION):
+            raise ValueError(
+                f"cannot load a fastload DataLoader state of version {version!r}: this "
+                f"fastload reads versions 1 and {STATE_VERSION} (a newer fastload wrote it?)")
+        values: dict[str, Any] = dict(_VERSION_1_DEFAULTS) if version == 1 else {}
+        values.update((key, value) for key, value in state.items() if key != "version")
+        names = [field.name for field in dataclasses.fields(cls)]
+        missing = [name for name in names if name not in values]
+        unknown = sorted(set(values) - set(names))
+        if missing or unknown:
+            raise ValueError(
+                f"not a valid fastload DataLoader state of version {version}: "
+                + "; ".join(part for part in (
+                    f"missing {', '.join(missing)}" if missing else "",
+                    f"unknown {', '.join(unknown)}" if unknown else "") if part))
+        if values["workers"] is not None:
+            values["workers"] = [WorkerState(**worker) for worker in values["workers"]]
+        return cls(**values)
+
+
+class Progress:
+    """Where an epoch stands after the last batch the user received: what a
+    state is captured from.
+
+    ``sampler`` is the index sampler's state recorded when the indices of
+    batch ``sampler_step`` were drawn; ``dataset`` likewise for a dataset
+    loaded in this process; ``workers`` for replicas loaded by workers
+    (None when none is tracked).
+    """
+
+    def __init__(self, epoch: int, base_seed: int, map_style: bool) -> None:
+        self.epoch = epoch
+        self.base_seed = base_seed
+        self.map_style = map_style
+        self.yielded = 0
+        self.finished = False
+        self.sampler: Any = None
+        self.sampler_step = 0
+        self.dataset: Any = None
+        self.dataset_step = 0
+        self.dataset_ended = False
+        self.workers: list[WorkerState] | None = None
+        self.next_worker = 0
+        # in_order=False: positions delivered past the first one missing,
+        # each with the sampler's state recorded when it was drawn (or None).
+        # ``yielded`` then counts the contiguous prefix only.
+        self.beyond: dict[int, Any] = {}
+
+    def deliver(self, position: int, sampler_state: Any) -> None:
+        """Batch ``position`` of the epoch was delivered (map-style)."""
+        if position != self.yielded:
+            self.beyond[position] = sampler_state
+            return
+        while True:
+            self.yielded += 1
+            if sampler_state is not None:
+                self.sampler, self.sampler_step = sampler_state, self.yielded
+            if self.yielded not in self.beyond:
+                return
+            sampler_state = self.beyond.pop(self.yielded)
+
+    def stream_ended(self, task: Any) -> None:
+        """A worker's iterable stream ran out (its ENDED task): past its end
+        a stream's state is where the next epoch starts (None: a new
+        iterator then starts afresh)."""
+        if self.workers is not None:
+            worker = self.workers[task.worker_id]
+            worker.ended = True
+            worker.state, worker.state_step = task.dataset_state, worker.yielded
+
+    def advance(self, task: Any) -> None:
+        """Move past a batch a worker loaded, as it is delivered. ``task`` has
+        ``worker_id``; ``position`` in the epoch (map-style: see ``deliver``);
+        ``sampler_state`` (not None on a snapshot step);
+        ``has_dataset_state`` and ``dataset_state`` (the worker's dataset
+        replica after that batch); ``dataset_ended``."""
+        if self.map_style:
+            self.deliver(task.position, task.sampler_state)
+        else:
+            self.yielded += 1
+            if task.sampler_state is not None:
+                self.sampler, self.sampler_step = task.sampler_state, self.yielded
+        if self.workers is None:
+            return
+        worker = self.workers[task.worker_id]
+        worker.yielded += 1
+        if task.has_dataset_state:
+            worker.state, worker.state_step = task.dataset_state, worker.yielded
+        # A short last batch ran the worker's iterator out: a resume must
+        # not start that iterator again.
+        worker.ended = worker.ended or task.dataset_ended
+        self.next_worker = (task.worker_id + 1) % len(self.workers)
+
+
+def describe_loader(loader: Any) -> dict[str, Any]:
+    """The settings a state only fits if they are the same on resume."""
+    kind = loader._dataset_kind.value
+    settings: dict[str, Any] = {
+        "dataset_kind": kind,
+        "batch_size": loader.batch_size,
+        "drop_last": loader.drop_last,
+    }
+    if kind == "map":
+        settings["dataset_length"] = len(loader.dataset)
+    if tracks_replicas(loader):
+        # Each worker's replica has its own state: it fits only the same
+        # number of replicas (of a map-style dataset, in worker processes).
+        settings["num_workers"] = loader.num_workers
+        if kind == "map":
+            settings["worker_method"] = loader.worker_method
+    return settings
+
+
+def tracks_replicas(loader: Any) -> bool:
+    """Whether workers' dataset replicas are checkpointed one by one: an
+    iterable dataset's streams always, a map-style dataset's states when it
+    has them and worker processes load it (NOTE [ Resume contract ])."""
+    if loader._dataset_kind is DatasetKind.ITERABLE:
+        return True
+    return (loader.num_workers > 0 and loader.worker_method != "thread"
+            and is_stateful(loader.dataset))
+
+
+def check_compatible(state: LoaderState, loader: Any) -> None:
+    """Raise ValueError naming every setting in which ``state`` and the
+    loader differ; a state that does not fit must never yield wrong data."""
+    expected = describe_loader(loader)
+    saved = state.settings
+    differences = []
+    for key in sorted(expected.keys() | saved.keys()):
+        # A setting only one side records is still the loader's setting.
+        here = expected[key] if key in expected else getattr(loader, key, None)
+        if key not in saved:
+            differences.append(f"{key} is {here!r} here but not recorded in the state")
+        elif saved[key] != here:
+            differences.append(f"{key} is {here!r} here but {saved[key]!r} in the state")
+    if differences:
+        raise ValueError("cannot load this DataLoader state: " + "; ".join(differences))
+
+
+def _ranges(positions: Iterable[int]) -> list[list[int]]:
+    """Sorted positions as [start, stop) runs: a checkpoint stays small."""
+    runs: list[list[int]] = []
+    for position in sorted(positions):
+        if runs and runs[-1][1] == position:
+            runs[-1][1] += 1
+        else:
+            runs.append([position, position + 1])
+    return runs
+
+
+# -- capture ---------------------------------------------------------------
+
+def capture(loader: Any) -> dict[str, Any]:
+    """``DataLoader.state_dict()``: the position after the last delivered
+    batch, as plain values (NOTE [ Resume contract ])."""
+    if loader._resume_state is not None:
+        return copy.deepcopy(loader._resume_state.to_dict())
+    progress = loader._progress
+    # Seeded now if not yet, so that the resumed run draws what this one
+    # will (NOTE [ Determinism contract ]).
+    loader._rng = _seed.own_generator(loader._rng)
+    # None: no iterator has drawn a base seed yet.
+    base_seed = None if progress is None else progress.base_seed
+    if progress is None:
+        progress = Progress(loader._epoch - 1, 0, loader._dataset_kind is DatasetKind.MAP)
+        progress.finished = True
+        # The sampler's generator too, seeded now if it was not.
+        progress.sampler = sampler_state(loader._index_sampler)
+        if is_stateful(loader.dataset):
+            progress.dataset = loader.dataset.state_dict()
+    elif (loader.num_workers > 0 and not loader.in_order
+          and loader._dataset_kind is DatasetKind.ITERABLE):
+        raise ValueError(
+            "state_dict() of an iterable dataset needs in_order=True with worker "
+            "processes: with in_order=False each worker's stream position is not "
+            "a prefix of what it loaded")
+    return LoaderState(
+        settings=describe_loader(loader),
+        epoch=progress.epoch,
+        base_seed=base_seed,
+        yielded=progress.yielded,
+        delivered_beyond=_ranges(progress.beyond),
+        finished=progress.finished,
+        sampler=progress.sampler,
+        sampler_step=progress.sampler_step,
+        generator=_seed.generator_state(loader._rng),
+        dataset=progress.dataset,
+        dataset_step=progress.dataset_step,
+        dataset_ended=progress.dataset_ended,
+        workers=(None if progress.workers is None
+                 else [dataclasses.replace(worker) for worker in progress.workers]),
+        next_worker=progress.next_worker,
+    ).to_dict()
+
+
+# -- restore ---------------------------------------------------------------
+
+def load(loader: Any, state: dict[str, Any]) -> LoaderState | None:
+    """``DataLoader.load_state_dict()``: the checked state, for the next
+    ``iter()`` to resume from (None for an empty state: start fresh). A state
+    taken after an epoch ran out restores the sampler and the dataset now,
+    so that, as in the original run, a ``set_epoch`` before that ``iter()``
+    applies on top."""
+    if not state:
+        return None  # torchdata's "start fresh"
+    typed = LoaderState.from_dict(copy.deepcopy(state))
+    check_compatible(typed, loader)
+    if typed.finished and typed.sampler is not None:
+        # A sampler that ran out describes a new epoch next.
+        loader._index_sampler.load_state_dict(typed.sampler)
+    if typed.finished and typed.dataset is not None and is_stateful(loader.dataset):
+        # Between epochs a dataset in this process is where its last epoch
+        # left it (an iterable one where its stream ran out), and so are
+        # the replicas workers copy from it; the next iter() starts there.
+        loader.dataset.load_state_dict(typed.dataset)
+    return typed
+
+
+class ResumeStart:
+    """What ``DataLoader.__iter__`` needs of a pending state: the state the
+    new iterator continues (None when the saved epoch ran out: a new epoch
+    starts), and for persistent workers the base seed their saved run kept
+    and where their replicas were."""
+
+    __slots__ = ("state", "base_seed", "replica_states")
+
+    def __init__(self, state: LoaderState | None, base_seed: int | None,
+                 replica_states: list[Any] | None) -> None:
+        self.state = state
+        self.base_seed = base_seed
+        self.replica_states = replica_states
+
+
+def start(loader: Any, state: LoaderState) -> ResumeStart:
+    """Apply a pending state at ``iter()``: the loader's generator and epoch
+    now; the rest by what the result says."""
+    loader._rng = _seed.restored_generator(loader._rng, state.generator)
+    loader._epoch = state.epoch + 1 if state.finished else state.epoch
+    if not state.finished:
+        return ResumeStart(state, None, None)
+    if not loader.persistent_workers:
+        return ResumeStart(None, None, None)
+    # The saved run's next epoch reused its iterator and so its base seed
+    # (None if it had no iterator yet), drawing none from the generator: so
+    # must this one. And its workers' replicas were where they ended.
+    replicas = None if state.workers is None else [worker.state for worker in state.workers]
+    return ResumeStart(None, state.base_seed, replicas)
+
+
+def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any,
+                 map_style: bool) -> tuple[Progress, Iterator[Any]]:
+    """Continue the epoch ``state`` describes (the loader's generator was
+    restored already): the progress, and the sampler's iterator positioned
+    after the delivered batches: the sampler from its snapshot, then the
+    batches delivered after it skipped by counting, without fetching them.
+    A map-style dataset's own state (main process) is restored here."""
+    progress = Progress(state.epoch, state.base_seed, map_style)  # type: ignore[arg-type]
+    progress.yielded = state.yielded
+    progress.beyond = dict.fromkeys(
+        position for start_at, stop in state.delivered_beyond
+        for position in range(start_at, stop))
+    progress.sampler, progress.sampler_step = state.sampler, state.sampler_step
+    skip = progress.yielded
+    if progress.sampler is not None:
+        index_sampler.load_state_dict(progress.sampler)
+        skip -= progress.sampler_step
+    sampler_iter: Iterator[Any] = iter(index_sampler)
+    if map_style:
+        if state.dataset is not None:
+            dataset.load_state_dict(state.dataset)
+            progress.dataset, progress.dataset_step = state.dataset, state.dataset_step
+        if progress.yielded >= _length_or_none(index_sampler):
+            # Every batch was delivered, only the StopIteration was not.
+            # A sampler still inside that epoch runs out of its (empty)
+            # remainder now, so that its next iteration is a new epoch.
+            if progress.sampler is not None and _continues_an_epoch(index_sampler):
+                for _ in sampler_iter:
+                    pass
+            sampler_iter = iter(())
+        for _ in range(skip):
+            next(sampler_iter, None)
+    return progress, sampler_iter
+
+
+def resume_stream(fetcher: DatasetFetcher, progress: Progress, state: LoaderState,
+                  batch_size: int | None) -> None:
+    """Put an iterable dataset loaded in this process where ``state`` left
+    it: its stream's state (after iter()), then what it yielded after that
+    state read again and dropped."""
+    progress.dataset_ended = state.dataset_ended
+    if fetcher.stateful:
+        progress.dataset, progress.dataset_step = state.dataset, state.dataset_step
+        fetcher.restore(state.dataset)
+    if state.dataset_ended:
+        fetcher.ended = True  # type: ignore[attr-defined]
+    else:
+        skip_batches(fetcher, progress.yielded - progress.dataset_step, batch_size)
+
+
+def worker_states(state: LoaderState | None, num_workers: int,
+                  tracked: bool) -> tuple[list[WorkerState] | None, int]:
+    """Each worker's replica to start from, and the next worker of the
+    round robin: a resumed state's, else fresh ones when replicas are
+    tracked (``tracks_replicas``), else None."""
+    if state is not None and state.workers is not None:
+        return [dataclasses.replace(worker) for worker in state.workers], state.next_worker
+    return ([WorkerState() for _ in range(num_workers)] if tracked else None), 0
+
+
+def resume_replica(fetcher: DatasetFetcher, worker: WorkerState,
+                   batch_size: int | None) -> None:
+    """Put one worker's replica where a checkpoint left it: its state (after
+    iter(), as torchdata does), then, for an iterable stream, the batches it
+    delivered after that state read and dropped."""
+    fetcher.restore(worker.state)
+    if isinstance(fetcher, IterableDatasetFetcher):
+        skip_batches(fetcher, worker.yielded - worker.state_step, batch_size)
+
+
+def _length_or_none(sampler: Any) -> float:
+    """len(sampler), or infinity for a sampler without one."""
+    try:
+        return len(sampler)
+    except TypeError:
+        return float("inf")
+
+
+def _continues_an_epoch(sampler: Any) -> bool:
+    """Whether a sampler restored from a state continues that state's epoch
+    at its next iteration rather than starting a new one: fastload's
+    samplers (under a BatchSampler too) keep that pending in ``_resume``;
+    others are not known to."""
+    while not hasattr(sampler, "_resume") and hasattr(sampler, "sampler"):
+        sampler = sampler.sampler
+    return getattr(sampler, "_resume", None) is not None

@@ -1,0 +1,130 @@
+"""The checkpoint module as a unit: the state's definition, its versions and
+the errors for anything that is not a state (NOTE [ Resume contract ] in
+fastload._checkpoint). What a state resumes is tested in test_resume*.py."""
+import json
+
+import numpy as np
+import pytest
+
+import fastload as fl
+from fastload._checkpoint import STATE_VERSION, LoaderState, WorkerState
+
+
+class Stream(fl.IterableDataset):
+    def __init__(self):
+        self.i = 0
+
+    def __iter__(self):
+        self.i = 0
+        return self
+
+    def __next__(self):
+        if self.i >= 9:
+            raise StopIteration
+        self.i += 1
+        return self.i
+
+    def state_dict(self):
+        return {"i": self.i}
+
+    def load_state_dict(self, state):
+        self.i = state["i"]
+
+
+def states():
+    """States of several configurations, mid-epoch."""
+    loaders = [
+        fl.DataLoader(fl.ArrayDataset(np.arange(20)), batch_size=3, shuffle=True),
+        fl.DataLoader(fl.ArrayDataset(np.arange(20)), batch_size=3, shuffle=True, generator=5,
+                      num_workers=2, in_order=False),
+        fl.DataLoader(Stream(), batch_size=2, num_workers=2),
+    ]
+    for loader in loaders:
+        it = iter(loader)
+        next(it)
+        yield loader.state_dict()
+        del it
+
+
+def test_a_state_is_plain_json_and_round_trips_through_its_type():
+    for state in states():
+        assert state["version"] == STATE_VERSION
+        plain = json.loads(json.dumps(state))
+        typed = LoaderState.from_dict(plain)
+        assert typed.to_dict() == plain
+        if typed.workers is not None:
+            assert all(isinstance(worker, WorkerState) for worker in typed.workers)
+
+
+def make_shuffled():
+    return fl.DataLoader(fl.ArrayDataset(np.arange(30)), batch_size=4, shuffle=True)
+
+
+def test_a_version_1_state_loads_and_resumes_as_its_version_2_twin():
+    np.random.seed(0)
+    loader = make_shuffled()
+    it = iter(loader)
+    head = [next(it)[0].tolist() for _ in range(3)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = [b[0].tolist() for b in it]
+    # What fastload wrote before version 2: no out-of-order record.
+    version_1 = {key: value for key, value in state.items() if key != "delivered_beyond"}
+    version_1["version"] = 1
+    for saved in (state, version_1):
+        resumed = make_shuffled()
+        resumed.load_state_dict(saved)
+        assert [b[0].tolist() for b in resumed] == rest
+    assert len(head) == 3
+
+
+@pytest.mark.parametrize("bad,message", [
+    ([1, 2], "expected the dict that DataLoader.state_dict.. returns, got list"),
+    ({"epoch": 0}, "without a 'version'"),
+    ({"version": 3}, "version 3: this fastload reads versions 1 and 2"),
+    ({"version": "2"}, "version '2'"),
+])
+def test_what_is_not_a_state_is_refused_saying_why(bad, message):
+    with pytest.raises(ValueError, match=message):
+        make_shuffled().load_state_dict(bad)
+
+
+def test_a_state_missing_fields_or_with_unknown_ones_is_refused_naming_them():
+    state = next(states())
+    del state["sampler"], state["next_worker"]
+    state["extra"] = 1
+    with pytest.raises(ValueError, match="missing sampler, next_worker; unknown extra"):
+        make_shuffled().load_state_dict(state)
+
+
+def test_a_refused_state_leaves_the_loader_as_it_was():
+    loader = make_shuffled()
+    it = iter(loader)
+    next(it)
+    resumed = make_shuffled()
+    resumed.load_state_dict(loader.state_dict())
+    with pytest.raises(ValueError):
+        resumed.load_state_dict({"version": 9})
+    assert len(list(resumed)) == len(loader) - 1  # the state loaded before still holds
+
+
+def test_load_state_dict_does_not_keep_the_callers_dict():
+    loader = make_shuffled()
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    resumed = make_shuffled()
+    resumed.load_state_dict(state)
+    state["yielded"] = 99  # the caller reuses its dict
+    assert resumed.state_dict()["yielded"] == 1
+    assert len(list(resumed)) == len(loader) - 1
+
+
+def test_an_empty_state_drops_a_pending_one():
+    loader = make_shuffled()
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    resumed = make_shuffled()
+    resumed.load_state_dict(state)
+    resumed.load_state_dict({})
+    assert len(list(resumed)) == len(loader)
