@@ -32,9 +32,10 @@ received, never what workers prefetched. It is made of:
   each snapshot, restored before the next batch; loaded by worker processes,
   each replica's, recorded in its worker at the worker's snapshot steps and
   restored into the same worker id, which is why such a state only fits the
-  same number of worker processes (worker threads share the main process's
-  dataset and record none). A state taken before any worker loaded holds
-  the main process's dataset, which every replica then starts from;
+  same number of worker processes. Worker threads share the main process's
+  dataset: its state right after the fetch of the last delivered snapshot
+  batch is the main process's. A state taken before any worker loaded
+  holds the main process's dataset, which every replica then starts from;
 * with ``in_order=False`` (map-style), batches are delivered out of order:
   the delivered count is the contiguous prefix of the epoch, and the
   positions delivered past it are kept as [start, stop) runs
@@ -221,6 +222,10 @@ class Progress:
             if task.sampler_state is not None:
                 self.sampler, self.sampler_step = task.sampler_state, self.yielded
         if self.workers is None:
+            if task.has_dataset_state:
+                # A map-style dataset worker threads share: the main
+                # process's own (NOTE [ Resume contract ]).
+                self.dataset, self.dataset_step = task.dataset_state, self.yielded
             return
         worker = self.workers[task.worker_id]
         worker.yielded += 1

@@ -230,9 +230,7 @@ class _Worker:
             self.results.put((GLOBAL_RNG_USED, self.worker_id))
         self.batches_done += 1
         every = self.config.snapshot_every
-        # A map-style dataset is shared, not a replica (NOTE [ Resume contract ]).
-        has_state = (fetcher.stateful and not self.map_style and every > 0
-                     and self.batches_done % every == 0)
+        has_state = fetcher.stateful and every > 0 and self.batches_done % every == 0
         state = fetcher.state() if has_state else None
         self.results.put((DONE, task_id, batch, fetched - started,
                           time.perf_counter() - fetched, has_state, state,

@@ -128,3 +128,28 @@ def test_an_empty_state_drops_a_pending_one():
     resumed.load_state_dict(state)
     resumed.load_state_dict({})
     assert len(list(resumed)) == len(loader)
+
+
+@pytest.mark.parametrize("saved_with", [(0, "multiprocessing"), (2, "multiprocessing"),
+                                        (2, "thread")])
+def test_a_map_style_state_loads_into_any_number_of_workers(saved_with):
+    def make(workers, method="multiprocessing"):
+        return fl.DataLoader(fl.ArrayDataset(np.arange(40)), batch_size=3, shuffle=True,
+                             num_workers=workers, worker_method=method)
+
+    np.random.seed(5)
+    loader = make(*saved_with)
+    it = iter(loader)
+    head = [next(it)[0].tolist() for _ in range(4)]
+    rest = [b[0].tolist() for b in it]
+    np.random.seed(5)
+    loader = make(*saved_with)
+    it = iter(loader)
+    assert [next(it)[0].tolist() for _ in range(4)] == head
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert len(json.dumps(state)) < 4096  # a map-style checkpoint stays small
+    for workers, method in ((0, "multiprocessing"), (1, "multiprocessing"),
+                            (3, "multiprocessing"), (2, "thread")):
+        resumed = make(workers, method)
+        resumed.load_state_dict(state)
+        assert [b[0].tolist() for b in resumed] == rest, (workers, method)

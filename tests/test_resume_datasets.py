@@ -335,3 +335,20 @@ def test_persistent_workers_of_either_method_resume_where_their_streams_ended(me
     resumed = make()
     resumed.load_state_dict(saved.state_dict())
     assert sorted(values(resumed)) == epochs[1] == list(range(100, 110))
+
+
+def test_worker_threads_checkpoint_the_map_style_dataset_they_share():
+    def make():
+        return fl.DataLoader(Counting(), batch_size=3, num_workers=2, worker_method="thread")
+
+    loader = make()
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    assert state["workers"] is None
+    served = state["dataset"]["served"]
+    assert served >= 6  # at least what was delivered
+    resumed = make()
+    resumed.load_state_dict(state)
+    counts = sorted(row[1] for batch in resumed for row in batch.tolist())
+    assert counts == list(range(served + 1, served + 7))  # the two batches left
