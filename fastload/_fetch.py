@@ -199,7 +199,22 @@ def describe_failure(index: Any) -> str:
         return f"while loading index {failed_at}"
     if index is None:
         return "while loading from its iterable dataset"
-    return f"while loading indices {index}"
+    return f"while loading indices {describe_indices(index)}"
+
+
+# Indices named in full in an error message; a longer batch is abridged.
+NAMED_INDICES = 16
+
+
+def describe_indices(index: Any) -> str:
+    """A batch's indices for a message: in full up to NAMED_INDICES, else
+    the first and last few and how many (the exception's attributes keep
+    them all)."""
+    if not isinstance(index, (list, tuple)) or len(index) <= NAMED_INDICES:
+        return str(index)
+    head = ", ".join(map(str, index[:NAMED_INDICES // 2]))
+    tail = ", ".join(map(str, index[-2:]))
+    return f"[{head}, ..., {tail}] ({len(index)} indices)"
 
 
 def skip_batches(fetcher: DatasetFetcher, count: int, batch_size: int | None) -> None:

@@ -380,3 +380,22 @@ def test_too_many_workers_warns_at_the_callers_line(xy):
     with pytest.warns(UserWarning, match="worker processes in total") as record:
         DataLoader(ArrayDataset(*xy), num_workers=10_000)
     assert record[0].filename == __file__
+
+
+def test_a_worker_error_abridges_a_long_batch_of_indices():
+    class FailsInCollate(fl.Dataset):
+        def __len__(self):
+            return 1000
+
+        def __getitem__(self, i):
+            return i
+
+    def collate(samples):
+        raise KeyError("bad batch")
+
+    loader = fl.DataLoader(FailsInCollate(), batch_size=500, num_workers=1, collate_fn=collate)
+    with pytest.raises(KeyError) as caught:
+        next(iter(loader))
+    message = str(caught.value)
+    assert "[0, 1, 2, 3, 4, 5, 6, 7, ..., 498, 499] (500 indices)" in message
+    assert len(message) < 2000
