@@ -87,7 +87,7 @@ def sampler_state(sampler: Any) -> Any:
     return getter() if callable(getter) else None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class WorkerState:
     """One worker's dataset replica: its state after batch ``state_step`` of
     the ``yielded`` it delivered, and whether its iterable stream ran out."""
@@ -102,7 +102,7 @@ class WorkerState:
                 "state_step": self.state_step, "ended": self.ended}
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class LoaderState:
     """What ``state_dict()`` returns, typed (NOTE [ Resume contract ])."""
 
@@ -124,7 +124,7 @@ class LoaderState:
     def to_dict(self) -> dict[str, Any]:
         """Plain values (the nested sampler and dataset states are shared,
         not copied)."""
-        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        fields = {name: getattr(self, name) for name in _STATE_FIELDS}
         if self.workers is not None:
             fields["workers"] = [worker.as_dict() for worker in self.workers]
         return {"version": STATE_VERSION, **fields}
@@ -145,9 +145,8 @@ class LoaderState:
                 f"fastload reads versions 1 and {STATE_VERSION} (a newer fastload wrote it?)")
         values: dict[str, Any] = dict(_VERSION_1_DEFAULTS) if version == 1 else {}
         values.update((key, value) for key, value in state.items() if key != "version")
-        names = [field.name for field in dataclasses.fields(cls)]
-        missing = [name for name in names if name not in values]
-        unknown = sorted(set(values) - set(names))
+        missing = [name for name in _STATE_FIELDS if name not in values]
+        unknown = sorted(set(values) - set(_STATE_FIELDS))
         if missing or unknown:
             raise ValueError(
                 f"not a valid fastload DataLoader state of version {version}: "
@@ -157,6 +156,9 @@ class LoaderState:
         if values["workers"] is not None:
             values["workers"] = [WorkerState(**worker) for worker in values["workers"]]
         return cls(**values)
+
+
+_STATE_FIELDS = tuple(field.name for field in dataclasses.fields(LoaderState))
 
 
 class Progress:
