@@ -164,6 +164,12 @@ cdef class SlabPool:
             grown = fl_slab_grown_slot_size(self.slot_size, nbytes, _PAGE)
             if grown == 0:
                 raise OverflowError("cannot make slots of {} bytes".format(nbytes))
+            if self.max_bytes and grown > self.max_bytes:
+                # The growth margin must not make a slot the cap cannot hold
+                # (every later acquire would then return None).
+                grown = fl_slab_round_slot(nbytes, _PAGE)
+                if grown > self.max_bytes:
+                    return None  # no slot under the cap holds it; sizes stay
             self.slot_size = grown
         self._retire_idle()
         cdef _SlabSegment seg

@@ -278,3 +278,15 @@ def test_no_dev_shm_file_and_no_leak_over_1000_pool_cycles():
     gc.collect()
     assert _maps_and_fds() == before
     assert dev_shm_names() == before_shm
+
+
+def test_a_slot_grown_just_under_the_cap_is_still_leased():
+    cap = 64 * 4096
+    pool = SlabPool(4096, slots_per_segment=2, max_bytes=cap)
+    # The usual growth margin (an eighth) would round this past the cap.
+    lease = pool.acquire(cap - 4096)
+    assert isinstance(lease, Lease) and lease.capacity <= cap
+    del lease
+    assert isinstance(pool.acquire(4096), Lease)  # the pool is still usable
+    # A batch no slot under the cap can hold is refused, and sizes stay.
+    assert pool.acquire(cap + 1) is None and pool.slot_size <= cap
