@@ -58,11 +58,14 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import numpy as np
 
+from fastload import _memory
 from fastload._dispatch import WorkerIter
+from fastload._fast_path import BatchWriter, Write
 from fastload._fetch import DatasetKind, create_fetcher, describe_failure, skip_batches
 from fastload._iterator import WorkerProgress, pin_batch, pin_target
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK
@@ -73,13 +76,21 @@ from fastload._warnings import warn_at_caller
 from fastload._worker_error import WorkerError
 from fastload._worker_info import WorkerInfo, set_thread_worker_info, worker_rng
 from fastload.errors import InvalidArgumentError, WorkerDiedError
+from fastload_c import pack
+from fastload_c.pack import SlotTooSmallError
 
 # How often the waiting main thread checks that its worker threads live.
 LIVENESS_POLL_SECONDS = 0.1
 # How long shutting down waits for the worker threads, all of them together.
 JOIN_SECONDS = 1.0
+# A first guess at the batch size; a batch that needs more raises it.
+INITIAL_SLOT_BYTES = 1 << 16
+# Slots per pool segment: prefetch_factor * num_workers in flight, plus the
+# batches the training loop holds.
+SLOTS_PER_SEGMENT = 8
 
-# Messages to a worker thread: (TASK, task id, index, epoch), (RESET, epoch), (STOP,).
+# Messages to a worker thread: (TASK, task id, index, epoch, slot), (RESET, epoch),
+# (STOP,); slot: a slab.Lease for a C writer (NOTE [ Thread workers ]), or None.
 TASK, RESET, STOP = "task", "reset", "stop"
 # A worker thread's note that the global generators moved during its first
 # batch: (GLOBAL_RNG_USED, worker id).
@@ -142,6 +153,8 @@ class _Worker:
         self.dataset = config.dataset if self.map_style else _replica(config.dataset)
         self.stateful = (not self.map_style
                          and callable(getattr(self.dataset, "state_dict", None)))
+        self.writer = BatchWriter(self.dataset, config.kind, config.auto_collation,
+                                  config.collate_fn)
         self.fetcher: Any = None
         self.ended = False
         self.batches_done = 0
@@ -195,9 +208,9 @@ class _Worker:
                     self.new_fetcher()
                 continue
             sample_context.epoch = message[3]
-            self.load(message[1], message[2])
+            self.load(message[1], message[2], message[4])
 
-    def load(self, task_id: int, index: Any) -> None:
+    def load(self, task_id: int, index: Any, slot: Any) -> None:
         if self.ended:
             self.results.put((ENDED, task_id))
             return
@@ -206,13 +219,9 @@ class _Worker:
         self.first_batch = False
         started = time.perf_counter()
         try:
-            if self.config.auto_collation:
-                samples = fetcher.fetch_samples(index)
-                fetched = time.perf_counter()
-                batch = fetcher.collate(samples, index)
-            else:
-                batch = fetcher.fetch(index)
-                fetched = time.perf_counter()
+            fast, general = self.writer.plan(fetcher, index)
+            fetched = time.perf_counter()
+            batch, needed = _batch_in(fast, general, slot)
         except StopIteration:
             self.ended = True
             self.results.put((ENDED, task_id))
@@ -230,7 +239,29 @@ class _Worker:
         state = self.dataset.state_dict() if has_state else None
         self.results.put((DONE, task_id, batch, fetched - started,
                           time.perf_counter() - fetched, has_state, state,
-                          getattr(fetcher, "ended", False)))
+                          getattr(fetcher, "ended", False), needed))
+
+
+def _batch_in(fast: Write | None, general: Callable[[], Any], slot: Any) -> tuple[Any, int]:
+    """A worker thread's batch and the slot size it asks for (NOTE [ Thread
+    workers ]): written by the C writer ``fast`` into ``slot`` (a Lease) and
+    viewed there; when the slot is too small, or None (the pool is at its
+    cap), into private memory of the size it needs, which is also returned
+    (for a Lease) so that later slots hold it; where there is no C writer,
+    or it raised, the general path's batch (NOTE [ Fast paths ])."""
+    if fast is None:
+        return general(), 0
+    capacity = 0 if slot is None else slot.capacity
+    target = np.empty(0, np.uint8) if slot is None else slot
+    try:
+        try:
+            return pack.unpack(target, fast(target, 0, capacity)), 0
+        except SlotTooSmallError as small:
+            private = np.empty(small.needed, np.uint8)
+            batch = pack.unpack(private, fast(private, 0, small.needed))
+            return batch, 0 if slot is None else small.needed
+    except Exception:
+        return general(), 0
 
 
 def _stop_workers(workers: list[_Worker], stop: threading.Event) -> None:
@@ -268,6 +299,11 @@ class ThreadIter(WorkerIter):
         self._workers = [_Worker(i, config, self._results, progress.epoch, resumed[i])
                          for i in range(workers)]
         self._stop_all = weakref.finalize(self, _stop_workers, self._workers, config.stop)
+        # Slots for the batches C writes (NOTE [ Thread workers ]), and the
+        # size the last batch too large for its slot asked for.
+        self._slots = (_memory.new_pool(INITIAL_SLOT_BYTES, slots_per_segment=SLOTS_PER_SEGMENT)
+                       if self._workers and self._workers[0].writer.writes_in_c else None)
+        self._slot_bytes = 0
         for worker in self._workers:
             worker.thread.start()
         self._begin_epoch()
@@ -316,7 +352,8 @@ class ThreadIter(WorkerIter):
         worker_id = self._next_worker_for_task()
         task_id = self._table.add(Task(worker_id, index, None, position, snapshot))
         self._table.order.append(task_id)
-        self._workers[worker_id].tasks.put((TASK, task_id, index, self._progress.epoch))
+        slot = None if self._slots is None else self._slots.acquire(self._slot_bytes)
+        self._workers[worker_id].tasks.put((TASK, task_id, index, self._progress.epoch, slot))
 
     def _next_data(self) -> Any:
         if not self.reusable:
@@ -405,6 +442,7 @@ class ThreadIter(WorkerIter):
             self._stats.workers[task.worker_id].add(message[3], message[4])
             task.has_dataset_state, task.dataset_state = message[5], message[6]
             task.dataset_ended = message[7]
+            self._slot_bytes = max(self._slot_bytes, message[8])
             table.finish(task_id, message[2])
         elif kind == ENDED:
             self._active[task.worker_id] = False
