@@ -4,8 +4,8 @@ NOTE [ Thread workers ]
 
 ``num_workers`` threads of the main process load the batches, each with the
 fetcher of ``num_workers=0`` (``_fetch``) and the loader's ``collate_fn``,
-so a batch is what the main process would make: no slot, no pickling, the
-batch object itself crosses to the main thread. The main thread owns the
+so a batch is what the main process would make, with no pickling: the batch
+object itself crosses to the main thread. The main thread owns the
 order exactly as with worker processes: it draws indices, sends each task
 to the next worker (round robin, ``prefetch_factor`` tasks per worker;
 with ``in_order=False`` an idle one), and delivers in task order.
@@ -21,6 +21,23 @@ a thread needs no start-up to hide, and the batches are the same either way.
   with ``get_worker_info()`` or in ``worker_init_fn`` (torch's documented
   idiom sets ``worker_info.dataset.start``) yields what it yields with
   worker processes, and its ``state_dict()`` describes one worker.
+* **Slots.** Under default collation a worker thread takes the decision a
+  worker process takes (``BatchWriter.plan``, NOTE [ Fast paths ]): the C
+  writers of ``fastload_c.pack`` gather or collate into a slot of a slab
+  pool the iterator owns (no worker needs to map it: one process), and the
+  worker thread builds the views (``pack.unpack``), so the main thread
+  only hands the batch over. The main thread leases one slot per task and
+  puts the Lease in the task message; from then on it never touches it:
+  the worker thread's reference keeps the slot leased while it writes
+  (also for a task of an epoch given up, whose answer is dropped), then
+  the batch's arrays hold the Lease, so a slot is reused only when the last
+  view of its batch is gone (NOTE [ Slot ownership and lifetime ] in
+  fastload_c.slab). A batch too large for its slot, or one dispatched when
+  the pool is at its cap (no Lease), is written into private memory of
+  its size instead of waiting for a bigger slot, and its size raises the
+  slot size for the tasks after it. The copies release the GIL when they
+  are large enough to be worth it (NOTE [ Copies and the GIL ] in
+  fastload_c.pack).
 * **Per-thread state.** ``get_worker_info()`` and the ``sample_rng()``
   context are thread-local; ``WorkerInfo.rng`` holds the thread's own
   generators (fastload._worker_info.WorkerRNG). The global ``random``,
@@ -31,17 +48,28 @@ a thread needs no start-up to hide, and the batches are the same either way.
   around its first batch and, if they moved, the main thread warns once.
   (The main thread's own code rarely runs in that window: at the start of
   an epoch it is waiting for the first batch.)
-* **No reliance on the GIL.** Threads and the main thread share only the
+* **What relies on the GIL.** Threads and the main thread share the
   task and result queues (``queue.SimpleQueue``, locked), the stop event,
   and what the user shares (the map-style dataset, ``collate_fn``); each
-  thread's fetcher, replica, sample context and WorkerInfo are its own.
-  fastload's own shared state that threads touch: ``default_collate``'s
-  handler cache (fastload.collate), a dict each thread writes with single
-  dict operations, which are atomic under the GIL and locked per object
-  on free-threaded Python (its pruning, ``list(_handlers)`` then ``pop``,
-  tolerates another thread pruning too); the one-time install of the
-  thread-aware torch ``get_worker_info`` (fastload._worker_info), where
-  two threads installing at once install equivalent functions.
+  thread's fetcher, writer, replica, sample context and WorkerInfo are its
+  own. fastload's own shared state that threads touch:
+  ``default_collate``'s handler cache (fastload.collate), a dict each
+  thread writes with single dict operations, which are atomic under the
+  GIL and locked per object on free-threaded Python (its pruning,
+  ``list(_handlers)`` then ``pop``, tolerates another thread pruning too);
+  the one-time install of the thread-aware torch ``get_worker_info``
+  (fastload._worker_info), where two threads installing at once install
+  equivalent functions. Of the extensions, fastload_c.ring (each side of
+  a ring has one user, the rest is atomics) and fastload_c.ragged (no
+  state between calls) declare themselves free-threading compatible;
+  fastload_c.shm and fastload_c.proc are used by the main thread only;
+  two places rely on the GIL for correctness, so fastload_c.slab and
+  fastload_c.pack do not declare it: the slab pool's free stacks (the main thread
+  takes a slot while a worker thread may drop the last view of another,
+  each a few unlocked C statements that the GIL keeps apart), and pack's
+  module-level caches (``_last_plan``, ``_gather_layouts``, ``_decoded``,
+  which each thread reads and replaces: without the GIL a reader could
+  take a reference to a plan another thread is freeing).
 * **Shutdown.** Threads are daemons and hold no reference to the iterator:
   when it is exhausted (without persistent workers), shut down or dropped,
   each thread is told to stop and joined for at most ``JOIN_SECONDS`` in
@@ -252,12 +280,14 @@ def _batch_in(fast: Write | None, general: Callable[[], Any], slot: Any) -> tupl
     if fast is None:
         return general(), 0
     capacity = 0 if slot is None else slot.capacity
-    target = np.empty(0, np.uint8) if slot is None else slot
+    target = bytearray() if slot is None else slot
     try:
         try:
             return pack.unpack(target, fast(target, 0, capacity)), 0
         except SlotTooSmallError as small:
-            private = np.empty(small.needed, np.uint8)
+            # A memoryview: the batch's arrays keep the memory alive through
+            # it, and nothing can resize it under them.
+            private = memoryview(bytearray(small.needed))
             batch = pack.unpack(private, fast(private, 0, small.needed))
             return batch, 0 if slot is None else small.needed
     except Exception:

@@ -8,11 +8,6 @@ cdef extern from "numpy/arrayobject.h":
                                 int flags, PyObject *obj)
 
 
-# Copies of fewer bytes keep the GIL (NOTE [ Copies and the GIL ] in pack.pyx).
-cdef enum:
-    NOGIL_MIN_BYTES = 65536
-
-
 class SlotTooSmallError(FastloadError, ValueError):
     """The batch does not fit in the slot it was given; nothing was written.
 

@@ -24,7 +24,7 @@ and _Target holds the target's buffer, so nothing they point at can be
 freed or resized while the GIL is released; the C they run touches no
 Python object. Another thread may write into the source arrays meanwhile,
 which is the same race as with np.take (numpy releases the GIL there too).
-A batch of fewer than NOGIL_MIN_BYTES (64 KiB) is copied with the GIL
+A batch of fewer than NOGIL_MIN_BYTES (32 KiB) is copied with the GIL
 held: such a copy takes a few microseconds, less than handing the GIL over
 and taking it back, and a thread that lets it go for that long must then
 wait for it while another thread runs Python (up to the interpreter's
@@ -85,6 +85,7 @@ from fastload_c.errors import CollateError, FastloadError
 
 cnp.import_array()
 
+include "_nogil.pxi"
 include "_pack_common.pxi"
 include "_pack_gather.pxi"
 include "_pack_pickle.pxi"
