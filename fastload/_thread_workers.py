@@ -427,14 +427,13 @@ class ThreadIter(WorkerIter):
 
     def _drain(self) -> bool:
         """Handle every result waiting; whether there was one."""
+        results = self._results
         handled = False
-        while True:
-            try:
-                message = self._results.get_nowait()
-            except queue.Empty:
-                return handled
-            self._handle(message)
+        # Only this thread takes results, so what empty() denies is there.
+        while not results.empty():
+            self._handle(results.get_nowait())
             handled = True
+        return handled
 
     def _check_alive(self) -> None:
         for worker_id, worker in enumerate(self._workers):
