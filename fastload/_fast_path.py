@@ -8,7 +8,8 @@ A worker computes what ``num_workers=0`` computes: the same fetcher
 the ``Subset`` and ``ConcatDataset`` rules) and the same ``collate_fn``.
 The general path is exactly that: ``fetcher.fetch``'s batch, pickled into
 the slot (protocol 5, large buffers out of band, so arrays still arrive as
-views of the slot). The writers of ``fastload_c.pack`` are optimisations,
+views of the slot) by a worker process, handed over as it is by a worker
+thread (``BatchWriter.plan`` is the decision both take). The writers of ``fastload_c.pack`` are optimisations,
 taken only under default collation and only where they give the same
 batch:
 
