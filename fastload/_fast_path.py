@@ -8,7 +8,8 @@ A worker computes what ``num_workers=0`` computes: the same fetcher
 the ``Subset`` and ``ConcatDataset`` rules) and the same ``collate_fn``.
 The general path is exactly that: ``fetcher.fetch``'s batch, pickled into
 the slot (protocol 5, large buffers out of band, so arrays still arrive as
-views of the slot). The writers of ``fastload_c.pack`` are optimisations,
+views of the slot) by a worker process, handed over as it is by a worker
+thread (``BatchWriter.plan`` is the decision both take). The writers of ``fastload_c.pack`` are optimisations,
 taken only under default collation and only where they give the same
 batch:
 
@@ -92,6 +93,12 @@ class BatchWriter:
             except IndexError:
                 self._gather = None
 
+    @property
+    def writes_in_c(self) -> bool:
+        """Whether some batches may take a C writer (default collation):
+        only then is a slot worth giving a task of a worker thread."""
+        return self._default_collation and not self._in_place
+
     def prepare(self, fetcher: DatasetFetcher, index: Any) -> Write:
         """Fetch the data of one task; return the function that writes its
         batch into a slot. Raises what fetching raises (StopIteration when
@@ -100,37 +107,49 @@ class BatchWriter:
             samples = fetcher.fetch_samples(index)
             return lambda t, o, c: _collated_in_place(lambda: fetcher.collate(samples, index),
                                                       t, o, c)
+        fast, general = self.plan(fetcher, index)
+        if fast is None:
+            return _pickled(general())
+        return _FastWrite(fast, general)
+
+    def plan(self, fetcher: DatasetFetcher, index: Any) -> tuple[Write | None, Callable[[], Any]]:
+        """Fetch the data of one task: (the C writer of its batch, None where
+        there is none; the general path, which computes the batch itself).
+        Raises what fetching raises. The in-place writers are prepare's."""
         if not self._default_collation:
-            return _pickled(fetcher.fetch(index))
+            batch = fetcher.fetch(index)
+            return None, lambda: batch
         if self._gather is not None:
             arrays, row_map = self._gather
             rows = _rows(index, row_map)
             if rows is None:
-                return _pickled(fetcher.fetch(index))
-            return _FastWrite(
-                lambda t, o, c: pack.gather_into(arrays, rows, t, o, c),
-                lambda: fetcher.fetch(index))
+                batch = fetcher.fetch(index)
+                return None, lambda: batch
+            return (lambda t, o, c: pack.gather_into(arrays, rows, t, o, c),
+                    lambda: fetcher.fetch(index))
         samples = fetcher.fetch_samples(index)
         if type(samples) is GatheredBatch:
             if not all(is_stacked_column(column) for column in samples.columns):
-                return _pickled(fetcher.collate(samples, index))
+                batch = fetcher.collate(samples, index)
+                return None, lambda: batch
             columns = samples.columns
             everything = np.arange(len(samples))
-            return _FastWrite(
-                lambda t, o, c: pack.gather_into(columns, everything, t, o, c),
+            return (lambda t, o, c: pack.gather_into(columns, everything, t, o, c),
+                    lambda: fetcher.collate(samples, index))
+        return (lambda t, o, c: pack.collate_into(samples, t, o, c),
                 lambda: fetcher.collate(samples, index))
-        return _FastWrite(lambda t, o, c: pack.collate_into(samples, t, o, c),
-                          lambda: fetcher.collate(samples, index))
 
 
 def _rows(index: Any, row_map: np.ndarray | None) -> np.ndarray | None:
     """The array rows of a batch index, or None when the index is not a
     plain list of integers (the general path then says what it means)."""
     try:
-        rows = np.asarray(index)
-        if rows.ndim != 1 or rows.dtype.kind not in "iu":
-            return None
-        rows = rows.astype(np.intp, casting="safe", copy=False)
+        rows = pack.int_rows(index)  # the usual list of ints, without numpy's inference
+        if rows is None:
+            rows = np.asarray(index)
+            if rows.ndim != 1 or rows.dtype.kind not in "iu":
+                return None
+            rows = rows.astype(np.intp, casting="safe", copy=False)
         return rows if row_map is None else row_map[rows]
     except (IndexError, TypeError, ValueError, OverflowError):
         return None

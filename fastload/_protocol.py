@@ -2,11 +2,16 @@
 
 NOTE [ Worker protocol ]
 
-Every message is a tuple whose first item says what it is, pickled and put
-on a ring: the worker's task ring (main process -> worker) or its result
-ring (worker -> main process). Rings have a fixed capacity, so a ring record
-is always small (at most ``INLINE_BYTES``): whatever has no bound of its
-own travels beside it, never in it.
+Every message is a tuple whose first item says what it is, put on a ring
+as one record: the worker's task ring (main process -> worker) or its
+result ring (worker -> main process). Rings have a fixed capacity, so a
+ring record is always small (at most ``INLINE_BYTES``): whatever has no
+bound of its own travels beside it, never in it. A record is the message
+pickled, except for the two messages every batch costs in their usual
+form, which fastload_c.record writes and reads in a fixed format, without
+pickle: a TASK whose index is a list of ints, and a DONE without a dataset
+state. ``decode`` reads either; what a record holds never depends on which
+format carried it.
 
 Main process -> worker (task ring):
   (TASK, task_id, index, slot)     fetch ``index`` (a list of indices, one
@@ -67,6 +72,8 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from fastload_c import record
+
 TASK, TASK_INDEX_IN_SLOT, RESLOT, SEGMENT, RETIRE, RESET = range(6)
 DONE, NEED, ENDED, FAILED, LARGE = range(5)
 # The task id of failures outside a task (worker_init_fn, the task loop).
@@ -77,6 +84,14 @@ INLINE_BYTES = 8192
 
 def dumps(message: tuple[Any, ...]) -> bytes:
     return pickle.dumps(message, protocol=5)
+
+
+def decode(data: bytes) -> tuple[Any, ...]:
+    """The message of one record, in either format."""
+    message = record.read(data, TASK, DONE)
+    if message is None:
+        message = pickle.loads(data)
+    return message
 
 
 def task_ring_bytes(prefetch_factor: int) -> int:
@@ -91,7 +106,9 @@ def task_message(task_id: int, index: Any, slot: tuple[int, int, int],
     """The record of one task. An index too large for a record is handed
     to ``place_index``, which writes it at the start of a slot of at least
     its size and returns that slot."""
-    data = dumps((TASK, task_id, index, slot))
+    data = record.task_record(task_id, index, slot)
+    if data is None or len(data) > INLINE_BYTES:
+        data = dumps((TASK, task_id, index, slot))
     if len(data) <= INLINE_BYTES:
         return data
     index_bytes = pickle.dumps(index, protocol=5)
@@ -105,7 +122,11 @@ def send_result(put: Callable[[bytes], None], sock: socket.socket,
     streamed on its socket when larger than a record. ``on_wait`` runs
     whenever the main process has not read for a while (it raises when the
     loader is shutting down, or exits when the parent is gone)."""
-    data = dumps(message)
+    data = None
+    if message[0] == DONE and not message[5]:
+        data = record.done_record(message[1], message[2], message[3], message[4], message[7])
+    if data is None:
+        data = dumps(message)
     if len(data) <= INLINE_BYTES:
         put(data)
         return
@@ -145,5 +166,4 @@ def receive_large(sock: socket.socket, nbytes: int,
             got += n
     finally:
         sock.settimeout(None)
-    result: tuple[Any, ...] = pickle.loads(view)
-    return result
+    return decode(bytes(buffer))

@@ -4,8 +4,8 @@ NOTE [ Thread workers ]
 
 ``num_workers`` threads of the main process load the batches, each with the
 fetcher of ``num_workers=0`` (``_fetch``) and the loader's ``collate_fn``,
-so a batch is what the main process would make: no slot, no pickling, the
-batch object itself crosses to the main thread. The main thread owns the
+so a batch is what the main process would make, with no pickling: the batch
+object itself crosses to the main thread. The main thread owns the
 order exactly as with worker processes: it draws indices, sends each task
 to the next worker (round robin, ``prefetch_factor`` tasks per worker;
 with ``in_order=False`` an idle one), and delivers in task order.
@@ -21,6 +21,23 @@ a thread needs no start-up to hide, and the batches are the same either way.
   with ``get_worker_info()`` or in ``worker_init_fn`` (torch's documented
   idiom sets ``worker_info.dataset.start``) yields what it yields with
   worker processes, and its ``state_dict()`` describes one worker.
+* **Slots.** Under default collation a worker thread takes the decision a
+  worker process takes (``BatchWriter.plan``, NOTE [ Fast paths ]): the C
+  writers of ``fastload_c.pack`` gather or collate into a slot of a slab
+  pool the iterator owns (no worker needs to map it: one process), and the
+  worker thread builds the views (``pack.unpack``), so the main thread
+  only hands the batch over. The main thread leases one slot per task and
+  puts the Lease in the task message; from then on it never touches it:
+  the worker thread's reference keeps the slot leased while it writes
+  (also for a task of an epoch given up, whose answer is dropped), then
+  the batch's arrays hold the Lease, so a slot is reused only when the last
+  view of its batch is gone (NOTE [ Slot ownership and lifetime ] in
+  fastload_c.slab). A batch too large for its slot, or one dispatched when
+  the pool is at its cap (no Lease), is written into private memory of
+  its size instead of waiting for a bigger slot, and its size raises the
+  slot size for the tasks after it. The copies release the GIL when they
+  are large enough to be worth it (NOTE [ Copies and the GIL ] in
+  fastload_c.pack).
 * **Per-thread state.** ``get_worker_info()`` and the ``sample_rng()``
   context are thread-local; ``WorkerInfo.rng`` holds the thread's own
   generators (fastload._worker_info.WorkerRNG). The global ``random``,
@@ -31,17 +48,28 @@ a thread needs no start-up to hide, and the batches are the same either way.
   around its first batch and, if they moved, the main thread warns once.
   (The main thread's own code rarely runs in that window: at the start of
   an epoch it is waiting for the first batch.)
-* **No reliance on the GIL.** Threads and the main thread share only the
+* **What relies on the GIL.** Threads and the main thread share the
   task and result queues (``queue.SimpleQueue``, locked), the stop event,
   and what the user shares (the map-style dataset, ``collate_fn``); each
-  thread's fetcher, replica, sample context and WorkerInfo are its own.
-  fastload's own shared state that threads touch: ``default_collate``'s
-  handler cache (fastload.collate), a dict each thread writes with single
-  dict operations, which are atomic under the GIL and locked per object
-  on free-threaded Python (its pruning, ``list(_handlers)`` then ``pop``,
-  tolerates another thread pruning too); the one-time install of the
-  thread-aware torch ``get_worker_info`` (fastload._worker_info), where
-  two threads installing at once install equivalent functions.
+  thread's fetcher, writer, replica, sample context and WorkerInfo are its
+  own. fastload's own shared state that threads touch:
+  ``default_collate``'s handler cache (fastload.collate), a dict each
+  thread writes with single dict operations, which are atomic under the
+  GIL and locked per object on free-threaded Python (its pruning,
+  ``list(_handlers)`` then ``pop``, tolerates another thread pruning too);
+  the one-time install of the thread-aware torch ``get_worker_info``
+  (fastload._worker_info), where two threads installing at once install
+  equivalent functions. Of the extensions, fastload_c.ring (each side of
+  a ring has one user, the rest is atomics) and fastload_c.ragged (no
+  state between calls) declare themselves free-threading compatible;
+  fastload_c.shm and fastload_c.proc are used by the main thread only;
+  two places rely on the GIL for correctness, so fastload_c.slab and
+  fastload_c.pack do not declare it: the slab pool's free stacks (the main thread
+  takes a slot while a worker thread may drop the last view of another,
+  each a few unlocked C statements that the GIL keeps apart), and pack's
+  module-level caches (``_last_plan``, ``_gather_layouts``, ``_decoded``,
+  which each thread reads and replaces: without the GIL a reader could
+  take a reference to a plan another thread is freeing).
 * **Shutdown.** Threads are daemons and hold no reference to the iterator:
   when it is exhausted (without persistent workers), shut down or dropped,
   each thread is told to stop and joined for at most ``JOIN_SECONDS`` in
@@ -59,13 +87,15 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import numpy as np
 
-from fastload import _checkpoint
+from fastload import _checkpoint, _memory
 from fastload._checkpoint import LoaderState, WorkerState
 from fastload._dispatch import WorkerIter
+from fastload._fast_path import BatchWriter, Write
 from fastload._fetch import DatasetKind, create_fetcher, describe_failure
 from fastload._iterator import pin_batch, pin_target
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK
@@ -76,13 +106,21 @@ from fastload._warnings import warn_at_caller
 from fastload._worker_error import WorkerError
 from fastload._worker_info import WorkerInfo, set_thread_worker_info, worker_rng
 from fastload.errors import InvalidArgumentError, WorkerDiedError
+from fastload_c import pack
+from fastload_c.pack import SlotTooSmallError
 
 # How often the waiting main thread checks that its worker threads live.
 LIVENESS_POLL_SECONDS = 0.1
 # How long shutting down waits for the worker threads, all of them together.
 JOIN_SECONDS = 1.0
+# A first guess at the batch size; a batch that needs more raises it.
+INITIAL_SLOT_BYTES = 1 << 16
+# Slots per pool segment: prefetch_factor * num_workers in flight, plus the
+# batches the training loop holds.
+SLOTS_PER_SEGMENT = 8
 
-# Messages to a worker thread: (TASK, task id, index, epoch), (RESET, epoch), (STOP,).
+# Messages to a worker thread: (TASK, task id, index, epoch, slot), (RESET, epoch),
+# (STOP,); slot: a slab.Lease for a C writer (NOTE [ Thread workers ]), or None.
 TASK, RESET, STOP = "task", "reset", "stop"
 # A worker thread's note that the global generators moved during its first
 # batch: (GLOBAL_RNG_USED, worker id).
@@ -145,6 +183,8 @@ class _Worker:
         self.tasks: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.map_style = config.kind is DatasetKind.MAP
         self.dataset = config.dataset if self.map_style else _replica(config.dataset)
+        self.writer = BatchWriter(self.dataset, config.kind, config.auto_collation,
+                                  config.collate_fn)
         self.fetcher: Any = None
         self.ended = False
         self.batches_done = 0
@@ -198,9 +238,9 @@ class _Worker:
                     self.new_fetcher()
                 continue
             sample_context.epoch = message[3]
-            self.load(message[1], message[2])
+            self.load(message[1], message[2], message[4])
 
-    def load(self, task_id: int, index: Any) -> None:
+    def load(self, task_id: int, index: Any, slot: Any) -> None:
         fetcher = self.fetcher
         if self.ended:
             self.results.put((ENDED, task_id, fetcher.end_state()))
@@ -209,13 +249,9 @@ class _Worker:
         self.first_batch = False
         started = time.perf_counter()
         try:
-            if self.config.auto_collation:
-                samples = fetcher.fetch_samples(index)
-                fetched = time.perf_counter()
-                batch = fetcher.collate(samples, index)
-            else:
-                batch = fetcher.fetch(index)
-                fetched = time.perf_counter()
+            fast, general = self.writer.plan(fetcher, index)
+            fetched = time.perf_counter()
+            batch, needed = _batch_in(fast, general, slot)
         except StopIteration:
             self.ended = True
             self.results.put((ENDED, task_id, fetcher.end_state()))
@@ -234,7 +270,31 @@ class _Worker:
         state = fetcher.state() if has_state else None
         self.results.put((DONE, task_id, batch, fetched - started,
                           time.perf_counter() - fetched, has_state, state,
-                          getattr(fetcher, "ended", False)))
+                          getattr(fetcher, "ended", False), needed))
+
+
+def _batch_in(fast: Write | None, general: Callable[[], Any], slot: Any) -> tuple[Any, int]:
+    """A worker thread's batch and the slot size it asks for (NOTE [ Thread
+    workers ]): written by the C writer ``fast`` into ``slot`` (a Lease) and
+    viewed there; when the slot is too small, or None (the pool is at its
+    cap), into private memory of the size it needs, which is also returned
+    (for a Lease) so that later slots hold it; where there is no C writer,
+    or it raised, the general path's batch (NOTE [ Fast paths ])."""
+    if fast is None:
+        return general(), 0
+    capacity = 0 if slot is None else slot.capacity
+    target = bytearray() if slot is None else slot
+    try:
+        try:
+            return pack.unpack(target, fast(target, 0, capacity)), 0
+        except SlotTooSmallError as small:
+            # A memoryview: the batch's arrays keep the memory alive through
+            # it, and nothing can resize it under them.
+            private = memoryview(bytearray(small.needed))
+            batch = pack.unpack(private, fast(private, 0, small.needed))
+            return batch, 0 if slot is None else small.needed
+    except Exception:
+        return general(), 0
 
 
 def _stop_workers(workers: list[_Worker], stop: threading.Event) -> None:
@@ -273,6 +333,11 @@ class ThreadIter(WorkerIter):
                     None if start_states is None else start_states[i])
             for i in range(workers)]
         self._stop_all = weakref.finalize(self, _stop_workers, self._workers, config.stop)
+        # Slots for the batches C writes (NOTE [ Thread workers ]), and the
+        # size the last batch too large for its slot asked for.
+        self._slots = (_memory.new_pool(INITIAL_SLOT_BYTES, slots_per_segment=SLOTS_PER_SEGMENT)
+                       if self._workers and self._workers[0].writer.writes_in_c else None)
+        self._slot_bytes = 0
         for worker in self._workers:
             worker.thread.start()
         self._begin_epoch()
@@ -322,7 +387,8 @@ class ThreadIter(WorkerIter):
         worker_id = self._next_worker_for_task()
         task_id = self._table.add(Task(worker_id, index, None, position, snapshot))
         self._table.order.append(task_id)
-        self._workers[worker_id].tasks.put((TASK, task_id, index, self._progress.epoch))
+        slot = None if self._slots is None else self._slots.acquire(self._slot_bytes)
+        self._workers[worker_id].tasks.put((TASK, task_id, index, self._progress.epoch, slot))
 
     def _next_data(self) -> Any:
         if not self.reusable:
@@ -366,14 +432,13 @@ class ThreadIter(WorkerIter):
 
     def _drain(self) -> bool:
         """Handle every result waiting; whether there was one."""
+        results = self._results
         handled = False
-        while True:
-            try:
-                message = self._results.get_nowait()
-            except queue.Empty:
-                return handled
-            self._handle(message)
+        # Only this thread takes results, so what empty() denies is there.
+        while not results.empty():
+            self._handle(results.get_nowait())
             handled = True
+        return handled
 
     def _check_alive(self) -> None:
         for worker_id, worker in enumerate(self._workers):
@@ -411,6 +476,7 @@ class ThreadIter(WorkerIter):
             self._stats.workers[task.worker_id].add(message[3], message[4])
             task.has_dataset_state, task.dataset_state = message[5], message[6]
             task.dataset_ended = message[7]
+            self._slot_bytes = max(self._slot_bytes, message[8])
             table.finish(task_id, message[2])
         elif kind == ENDED:
             task.dataset_state = message[2]

@@ -247,7 +247,7 @@ class WorkerGroup:
         data = self.result_rings[worker_id].try_get()
         if data is None:
             return None
-        message: tuple[Any, ...] = pickle.loads(data)
+        message = _protocol.decode(data)
         if message[0] == _protocol.LARGE:
             message = self.receive_large(worker_id, message[1])
         return message

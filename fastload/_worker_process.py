@@ -143,7 +143,7 @@ class _Worker:
     def receive(self) -> tuple[Any, ...]:
         while True:
             try:
-                return pickle.loads(self.tasks.get(PARENT_CHECK_SECONDS))
+                return _protocol.decode(self.tasks.get(PARENT_CHECK_SECONDS))
             except TimeoutError:
                 self.exit_if_orphaned()
 

@@ -1,4 +1,6 @@
 # Part of pack.pyx: gather, rows of whole columns (an ArrayDataset) by index.
+from cpython.list cimport PyList_CheckExact, PyList_GET_SIZE
+from cpython.long cimport PyLong_AsSsize_t, PyLong_CheckExact
 from cpython.number cimport PyNumber_AsSsize_t
 
 
@@ -46,6 +48,12 @@ def gather_into(columns, indices, target, Py_ssize_t offset=0, Py_ssize_t capaci
     cdef size_t row
     cdef int contiguous
     cdef char *dst
+    cdef const char *src
+    cdef cnp.npy_intp stride0, itemsize
+    cdef cnp.npy_intp *dims
+    cdef cnp.npy_intp *strides
+    cdef int inner
+    cdef bint release = nbytes >= NOGIL_MIN_BYTES
     for c in range(ncols):
         col = <cnp.ndarray>cols[c]
         if cnp.PyArray_DIMS(col)[0] != length:
@@ -53,7 +61,10 @@ def gather_into(columns, indices, target, Py_ssize_t offset=0, Py_ssize_t capaci
             idx = given.copy()
             ix = <cnp.npy_intp *>cnp.PyArray_DATA(idx)
             length = cnp.PyArray_DIMS(col)[0]
-            with nogil:
+            if release:
+                with nogil:
+                    bad = fl_normalize_indices(ix, n, length)
+            else:
                 bad = fl_normalize_indices(ix, n, length)
             if bad >= 0:
                 raise IndexError("index {} is out of bounds for axis 0 with size {}"
@@ -63,11 +74,19 @@ def gather_into(columns, indices, target, Py_ssize_t offset=0, Py_ssize_t capaci
         for i in range(1, cnp.PyArray_NDIM(col)):
             row *= <size_t>cnp.PyArray_DIMS(col)[i]
         contiguous = _rows_contiguous(col)
-        with nogil:
-            fl_gather_rows(dst, cnp.PyArray_BYTES(col), cnp.PyArray_STRIDES(col)[0], ix, n, row,
-                           contiguous, cnp.PyArray_NDIM(col) - 1,
-                           cnp.PyArray_DIMS(col) + 1, cnp.PyArray_STRIDES(col) + 1,
-                           cnp.PyArray_ITEMSIZE(col))
+        src = cnp.PyArray_BYTES(col)
+        stride0 = cnp.PyArray_STRIDES(col)[0]
+        inner = cnp.PyArray_NDIM(col) - 1
+        dims = cnp.PyArray_DIMS(col) + 1
+        strides = cnp.PyArray_STRIDES(col) + 1
+        itemsize = cnp.PyArray_ITEMSIZE(col)
+        if release:
+            with nogil:
+                fl_gather_rows(dst, src, stride0, ix, n, row, contiguous, inner, dims, strides,
+                               itemsize)
+        else:
+            fl_gather_rows(dst, src, stride0, ix, n, row, contiguous, inner, dims, strides,
+                           itemsize)
     return layout
 
 
@@ -81,6 +100,9 @@ cdef cnp.ndarray _index_array(object indices):
                             "shape {}".format(indices.dtype, indices.shape))
         return np.asarray(indices, dtype=np.intp)
     seq = indices if isinstance(indices, (list, tuple)) else list(indices)
+    out = int_rows(seq)
+    if out is not None:
+        return out
     n = len(seq)
     out = np.empty(n, dtype=np.intp)
     for i in range(n):
@@ -115,3 +137,27 @@ cdef tuple _gather_layout(tuple cols, Py_ssize_t n, bint single):
         off += row * <size_t>n
     tree = nodes[0] if single else ("l", tuple(nodes))
     return _dumps(("tree", tree)), offsets, off
+
+
+def int_rows(indices):
+    """``indices`` as a 1-d intp array when it is a non-empty list of plain
+    ints (not bools) that fit one, else None: the common batch index, read
+    without numpy's type inference (what ``np.asarray`` would give it, as
+    intp)."""
+    if not PyList_CheckExact(indices):
+        return None
+    cdef list seq = <list>indices
+    cdef Py_ssize_t i, n = PyList_GET_SIZE(seq)
+    if n == 0:
+        return None
+    for i in range(n):
+        if not PyLong_CheckExact(<object>PyList_GET_ITEM(seq, i)):
+            return None
+    cdef cnp.ndarray out = np.empty(n, dtype=np.intp)
+    cdef cnp.npy_intp *ix = <cnp.npy_intp *>cnp.PyArray_DATA(out)
+    try:
+        for i in range(n):
+            ix[i] = PyLong_AsSsize_t(<object>PyList_GET_ITEM(seq, i))
+    except OverflowError:
+        return None  # too large for intp: numpy would make an object array
+    return out

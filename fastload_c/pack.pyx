@@ -13,8 +13,23 @@ is any writable buffer (a shm.Segment in a worker, a slab.Lease in-process):
 
 Each returns the layout (bytes) from which unpack rebuilds the batch over
 the main process's mapping of the same slot, or raises SlotTooSmallError,
-before writing anything, when the batch does not fit. Every copy runs with the
-GIL released.
+before writing anything, when the batch does not fit. Copies run with the GIL
+released, but for small batches (NOTE [ Copies and the GIL ]).
+
+NOTE [ Copies and the GIL ]
+The copies of gather_into and collate_into read arrays and write a slot
+through raw pointers taken with the GIL held: the walk (collate_into) or
+the columns tuple (gather_into) holds a reference to every source array
+and _Target holds the target's buffer, so nothing they point at can be
+freed or resized while the GIL is released; the C they run touches no
+Python object. Another thread may write into the source arrays meanwhile,
+which is the same race as with np.take (numpy releases the GIL there too).
+A batch of fewer than NOGIL_MIN_BYTES (32 KiB) is copied with the GIL
+held: such a copy takes a few microseconds, less than handing the GIL over
+and taking it back, and a thread that lets it go for that long must then
+wait for it while another thread runs Python (up to the interpreter's
+switch interval); worker threads copying small batches would convoy
+behind the main thread that way (bench/bench_threads.py, small-rows).
 
 NOTE [ Batch layout ]
 A layout is ``pickle.dumps(message, 5)`` with message one of
@@ -70,6 +85,7 @@ from fastload_c.errors import CollateError, FastloadError
 
 cnp.import_array()
 
+include "_nogil.pxi"
 include "_pack_common.pxi"
 include "_pack_gather.pxi"
 include "_pack_pickle.pxi"
@@ -567,14 +583,23 @@ cdef int _write_scalars(_Plan plan, _Walk w, char *base) except -1:
 
 
 cdef int _copy_arrays(_Plan plan, _Walk w, char *base) except -1:
-    cdef Py_ssize_t i, b = plan.batch
-    cdef _Copy *c
-    with nogil:
-        for i in range(plan.ncopies):
-            c = &plan.copies[i]
-            fl_copy_rows(base + c.offset, c.row_bytes, w.src + c.leaf * b,
-                         w.strides + c.leaf * b, c.ndim, c.shape, c.itemsize, b)
+    if plan.nbytes >= NOGIL_MIN_BYTES:
+        with nogil:
+            _copy_plan_arrays(plan.copies, plan.ncopies, plan.batch, w.src, w.strides, base)
+    else:
+        _copy_plan_arrays(plan.copies, plan.ncopies, plan.batch, w.src, w.strides, base)
     return 0
+
+
+cdef void _copy_plan_arrays(const _Copy *copies, Py_ssize_t ncopies, Py_ssize_t b,
+                            const char **src, const cnp.npy_intp **strides,
+                            char *base) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef const _Copy *c
+    for i in range(ncopies):
+        c = &copies[i]
+        fl_copy_rows(base + c.offset, c.row_bytes, src + c.leaf * b, strides + c.leaf * b,
+                     c.ndim, c.shape, c.itemsize, b)
 
 
 cdef int _write_by_numpy(_Plan plan, _Walk w, _Target t) except -1:

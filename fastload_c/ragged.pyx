@@ -1,4 +1,5 @@
 # distutils: sources = fastload_c/src/fl_ragged.c
+# cython: freethreading_compatible=True
 """Variable-length leaves: samples of different lengths into one padded or
 one packed block (the mechanism of fastload's pad_collate and pack_collate),
 and lengths into bins of a token budget (of its PackedBatchSampler).

@@ -1,4 +1,5 @@
 # distutils: sources = fastload_c/src/fl_ring.c
+# cython: freethreading_compatible=True
 """Lock-free shared-memory message rings and doorbells.
 
 A Ring carries byte messages from one producer process to one consumer
@@ -22,10 +23,7 @@ from operator import index
 
 from fastload_c.errors import FastloadError, RingClosedError
 
-# Copies of at least this many bytes run without the GIL; for smaller ones,
-# dropping and retaking it costs more than the copy.
-cdef enum:
-    NOGIL_COPY = 32768
+include "_nogil.pxi"
 
 
 cdef int _deadline(object timeout, timespec *ts) except -1:
@@ -159,7 +157,7 @@ cdef class Ring:
     cdef int _put(self, const char *data, Py_ssize_t size, object timeout, bint block) except -1:
         """1 when the message went in, 0 when full and not blocking."""
         cdef int rc
-        if size >= NOGIL_COPY:
+        if size >= NOGIL_MIN_BYTES:
             with nogil:
                 rc = fl_ring_try_put(&self.r, data, size)
         else:
@@ -207,7 +205,7 @@ cdef class Ring:
             fl_ring_unpeek(&self.r)
             raise
         dst = PyBytes_AS_STRING(out)
-        if m.len >= NOGIL_COPY:
+        if m.len >= NOGIL_MIN_BYTES:
             with nogil:
                 fl_ring_copy(m, dst)
         else:

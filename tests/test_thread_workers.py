@@ -455,3 +455,49 @@ def test_datasets_that_leave_the_global_generators_alone_do_not_warn(recwarn):
                        num_workers=2, **THREAD))
     list(fl.DataLoader(WhoLoads(), batch_size=2, num_workers=2, **THREAD))
     assert not [w for w in recwarn if "global random" in str(w.message)]
+
+
+def _base_lease(array):
+    while isinstance(array, np.ndarray) and array.base is not None:
+        array = array.base
+    return array
+
+
+def test_gathered_batches_view_reused_slots_that_live_as_long_as_their_views():
+    from fastload_c.slab import Lease
+
+    rows = np.arange(64 * 16, dtype=np.float32).reshape(64, 16)
+    loader = fl.DataLoader(fl.ArrayDataset(rows, np.arange(64)), batch_size=8,
+                           num_workers=2, **THREAD)
+    kept = []
+    seen = set()
+    for features, labels in loader:
+        lease = _base_lease(features)
+        assert isinstance(lease, Lease) and _base_lease(labels) is lease
+        seen.add((lease.segment_id, lease.slot))
+        kept.append((features, labels))
+    # Every batch kept: each has a slot of its own, with its own rows.
+    assert len(seen) == len(kept) == 8
+    for position, (features, labels) in enumerate(kept):
+        np.testing.assert_array_equal(features, rows[position * 8:(position + 1) * 8])
+        np.testing.assert_array_equal(labels, np.arange(position * 8, (position + 1) * 8))
+    kept.clear()
+    # Batches dropped at once: the same few slots come back.
+    reused = {(_base_lease(f).segment_id, _base_lease(f).slot) for f, _ in loader}
+    assert len(reused) < 8
+
+
+def test_a_batch_larger_than_its_slot_is_delivered_and_later_slots_hold_it():
+    from fastload._thread_workers import INITIAL_SLOT_BYTES
+    from fastload_c.slab import Lease
+
+    row_bytes = 4096
+    rows = np.random.default_rng(0).integers(0, 255, (64, row_bytes), dtype=np.uint8)
+    batch = 2 * INITIAL_SLOT_BYTES // row_bytes
+    loader = fl.DataLoader(fl.ArrayDataset(rows), batch_size=batch, num_workers=1,
+                           prefetch_factor=1, **THREAD)
+    batches = list(loader)
+    np.testing.assert_array_equal(np.concatenate([b[0] for b in batches]), rows)
+    # The first batch went to private memory, a later one to a grown slot.
+    assert not isinstance(_base_lease(batches[0][0]), Lease)
+    assert isinstance(_base_lease(batches[-1][0]), Lease)
