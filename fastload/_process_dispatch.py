@@ -10,12 +10,13 @@ a batch is ready to return it puts off growing the pool (``_settle``).
 Persistent workers go on into the next epoch's first batches once the
 sampler has run out (NOTE [ Epoch lookahead ] in fastload._lookahead).
 
-It waits in two places only, both called by the iterator, never by one
-another: ``_pump`` (for the workers' answers) and ``_acquire_at_cap`` (for a
-slot, pumping). Handling an answer never waits: a request for a bigger
-slot is kept for ``_settle``, and a worker whose stream ended hands its
-slot to the task that replaces it. So no wait is ever entered from inside
-another.
+It waits in one place, ``_pump`` (for the workers' answers), which the
+iterator's calls reach directly or through ``_acquire_at_cap`` (a slot at
+the pool's cap, which comes back only as workers answer). Handling an
+answer never waits: a request for a bigger slot is kept for ``_settle``,
+and a worker whose stream ended hands its slot to the task sent in its
+place. So a wait is never entered from inside another, and the state a
+wait sees is never half-way through handling an answer.
 
 While it waits the main thread sleeps on one doorbell that every result ring
 and the SIGCHLD handler ring (NOTE [ Worker-death detection ] in
