@@ -14,6 +14,12 @@ from fastload._state import sampler_state
 from fastload._task_table import TaskTable
 
 
+def tasks_in_flight(loader: Any) -> int:
+    """How many tasks an epoch keeps in flight: ``prefetch_factor`` per worker."""
+    count: int = loader.prefetch_factor * loader.num_workers
+    return count
+
+
 def deadline_after(timeout: float) -> float | None:
     """When a wait that starts now must end (``timeout``, 0: never), in
     time.monotonic's clock."""
@@ -123,7 +129,7 @@ class WorkerIter(BaseIter):
     def __init__(self, loader: Any, resume: dict[str, Any] | None,
                  base_seed: int | None = None) -> None:
         super().__init__(loader, resume, base_seed)
-        self._prefetch = loader.prefetch_factor * loader.num_workers
+        self._prefetch = tasks_in_flight(loader)
         self._in_order = loader.in_order
 
     def _deadline(self) -> float | None:

@@ -110,13 +110,14 @@ class MultiProcessingIter(WorkerIter):
                 self._raise_setup_failure(last_words)
             self._raise_worker_died(died.worker_id, died.process)
 
-    def _raise_setup_failure(self, error: WorkerError) -> None:
+    def _raise_setup_failure(self, error: WorkerError) -> NoReturn:
         """A worker's failure outside a task (worker_init_fn, its task loop),
-        raised here with its type and traceback text; the workers are shut
-        down first (the epoch cannot go on)."""
+        raised here with its type and traceback text, without the internal
+        note it came in; the workers are shut down first (the epoch cannot
+        go on)."""
         pid = self._workers.pids[error.worker_id]
         self._stop()
-        error.reraise(pid)
+        raise error.exception(pid) from None
 
     def _raise_worker_died(self, worker_id: int, process: Any) -> NoReturn:
         """The epoch ends here, as in torch; a persistent loader starts a

@@ -29,7 +29,13 @@ from collections.abc import Callable
 from typing import Any
 
 from fastload import _protocol
-from fastload._dispatch import EpochDraw, RoundRobin, deadline_after, wait_seconds
+from fastload._dispatch import (
+    EpochDraw,
+    RoundRobin,
+    deadline_after,
+    tasks_in_flight,
+    wait_seconds,
+)
 from fastload._fetch import DatasetKind
 from fastload._iterator import Progress
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
@@ -78,7 +84,7 @@ class ProcessDispatcher:
         self.workers = workers
         self._stats = stats
         self._round_robin = RoundRobin(loader)
-        self._prefetch = loader.prefetch_factor * loader.num_workers
+        self._prefetch = tasks_in_flight(loader)
         self._in_order: bool = loader.in_order
         self._timeout: float = loader.timeout
         self._index_sampler = loader._index_sampler
