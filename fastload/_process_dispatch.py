@@ -298,23 +298,28 @@ class ProcessDispatcher:
         request of that worker, which loads its tasks in order) and what
         costs no growth is done."""
         self._serve_needs(awaited_worker)
-        if awaited_worker is None:
+        if awaited_worker is None and self._owed:
             while self._owed:
                 self._owed -= 1
                 self._dispatch()
+            self._serve_needs(None)  # those that came while a dispatch waited at the cap
 
     def _serve_needs(self, awaited_worker: int | None) -> None:
         """Answer the workers' requests for a bigger slot (see _settle for
-        ``awaited_worker``)."""
+        ``awaited_worker``), those that come while one waits at the pool's
+        cap too: a worker whose request stayed unanswered here could keep
+        the wait that follows from ever ending."""
         pool = self.workers.pool
-        needs, self._needs = self._needs, []
-        for message in needs:
+        put_off = []
+        while self._needs:
+            message = self._needs.pop(0)
             task = self.table.in_flight.get(message[1]) or self.table.stale.get(message[1])
             if (awaited_worker is None or task is None or task.worker_id == awaited_worker
                     or (message[2] <= pool.slot_size and pool.free_slots)):
                 self._reslot(message[1], message[2])
             else:
-                self._needs.append(message)
+                put_off.append(message)
+        self._needs = put_off
 
     def _reslot(self, task_id: int, nbytes: int) -> None:
         """A bigger slot for task ``task_id``, whose worker waits for it."""
