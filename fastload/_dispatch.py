@@ -1,75 +1,143 @@
 """What the two worker iterators (processes and threads) share: drawing the
-next batch of the epoch and choosing the worker that loads it."""
+next batch of the epoch (``EpochDraw``), choosing the worker that loads it
+(``RoundRobin``), and the deadline of a wait."""
 from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator
 from typing import Any
 
-from fastload._checkpoint import LoaderState, sampler_state
+from fastload._checkpoint import LoaderState, Progress, sampler_state
+from fastload._fetch import DatasetKind
 from fastload._iterator import BaseIter
 from fastload._task_table import TaskTable
 
 
+def tasks_in_flight(loader: Any) -> int:
+    """How many tasks an epoch keeps in flight: ``prefetch_factor`` per worker."""
+    count: int = loader.prefetch_factor * loader.num_workers
+    return count
+
+
+def deadline_after(timeout: float) -> float | None:
+    """When a wait that starts now must end (``timeout``, 0: never), in
+    time.monotonic's clock."""
+    return time.monotonic() + timeout if timeout > 0 else None
+
+
+def wait_seconds(deadline: float | None, poll: float, timeout: float) -> float:
+    """How long the next sleep of a wait until ``deadline`` may be: at most
+    ``poll``; past the deadline, the user's timeout error."""
+    if deadline is None:
+        return poll
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise RuntimeError(f"DataLoader timed out after {timeout} seconds")
+    return min(remaining, poll)
+
+
+class EpochDraw:
+    """The batches of one epoch in the index sampler's order, each drawn
+    when its task is sent."""
+
+    def __init__(self, sampler_iter: Iterator[Any], skip: frozenset[int], start: int,
+                 snapshot_sampler: Any, snapshot_every: int) -> None:
+        """``skip``: positions delivered before a checkpoint (see
+        BaseIter._skip); ``start``: the position of the next batch;
+        ``snapshot_sampler``: the sampler whose state a snapshot step
+        records (None: no snapshots, as for an iterable dataset)."""
+        self._sampler_iter = sampler_iter
+        self._skip = skip
+        self._drawn = start
+        self._snapshot_sampler = snapshot_sampler
+        self._snapshot_every = snapshot_every
+        # Whether the sampler ran out: it is not asked again.
+        self.done = False
+
+    def next(self) -> tuple[Any, int, Any] | None:
+        """The next batch of the epoch: (index, position, the sampler's state
+        when it is a snapshot step, else None); None once the sampler ran out."""
+        if self.done:
+            return None
+        try:
+            index = next(self._sampler_iter)
+            while self._drawn in self._skip:
+                self._drawn += 1
+                index = next(self._sampler_iter)
+        except StopIteration:
+            self.done = True
+            return None
+        self._drawn += 1
+        snapshot = None
+        every = self._snapshot_every
+        if self._snapshot_sampler is not None and every and self._drawn % every == 0:
+            snapshot = sampler_state(self._snapshot_sampler)
+        return index, self._drawn - 1, snapshot
+
+
+class RoundRobin:
+    """Which worker loads the next task: the next one in turn whose iterable
+    stream has not ended. With ``in_order=False`` (map-style), a worker that
+    already has its share of the prefetch in flight is passed over, as
+    torch does: batches then go to idle workers instead of queueing behind
+    a stalled one."""
+
+    def __init__(self, loader: Any) -> None:
+        self._num_workers: int = loader.num_workers
+        self._share: int = loader.prefetch_factor
+        self._pass_over_busy = (not loader.in_order
+                                and loader._dataset_kind is DatasetKind.MAP)
+        self._turns: Iterator[int] = iter(())
+        self._active: list[bool] = []
+
+    def begin(self, progress: Progress) -> None:
+        """A new epoch's turns. They start after the worker of the last
+        delivered batch, so a resumed iterable dataset interleaves as it
+        would have; a worker whose stream had ended stays out."""
+        workers = self._num_workers
+        self._turns = itertools.cycle(
+            [(progress.next_worker + i) % workers for i in range(workers)])
+        self._active = [not (progress.workers and progress.workers[w].ended)
+                        for w in range(workers)]
+
+    def any_active(self) -> bool:
+        return any(self._active)
+
+    def retire(self, worker_id: int) -> None:
+        """``worker_id``'s iterable stream ended: no more tasks this epoch."""
+        self._active[worker_id] = False
+
+    def next_worker(self, table: TaskTable) -> int:
+        """The worker of the next task (``any_active()`` must hold)."""
+        worker_id = next(self._turns)
+        while not self._active[worker_id]:
+            worker_id = next(self._turns)
+        if not self._pass_over_busy:
+            return worker_id
+        in_flight = table.in_flight_per_worker()
+        for _ in range(self._num_workers):
+            if in_flight[worker_id] < self._share:
+                break
+            worker_id = next(self._turns)
+        return worker_id
+
+
 class WorkerIter(BaseIter):
-    """A DataLoader iterator whose batches worker processes or threads load;
-    subclasses send tasks (``_dispatch``) and collect answers."""
+    """A DataLoader iterator whose batches worker processes or threads load."""
 
     def __init__(self, loader: Any, resume: LoaderState | None,
                  base_seed: int | None = None) -> None:
         super().__init__(loader, resume, base_seed)
-        self._prefetch = loader.prefetch_factor * loader.num_workers
+        self._prefetch = tasks_in_flight(loader)
         self._in_order = loader.in_order
-        self._table = TaskTable()  # NOTE [ Task lifecycle ]
 
     def _deadline(self) -> float | None:
         """When a wait that starts now must end (``timeout``), if ever."""
-        return time.monotonic() + self._timeout if self._timeout > 0 else None
+        return deadline_after(self._timeout)
 
-    def _begin_round_robin(self, workers: int) -> None:
-        """A new epoch's order, round robin and draw position."""
-        progress = self._progress
-        self._table.order = []
-        # The round robin starts after the worker of the last delivered batch,
-        # so a resumed iterable dataset interleaves as it would have.
-        self._next_worker = itertools.cycle(
-            [(progress.next_worker + i) % workers for i in range(workers)])
-        self._active = [not (progress.workers and progress.workers[w].ended)
-                        for w in range(workers)]
-        self._dispatched = progress.yielded
-        self._sampler_done = False
-
-    def _draw(self) -> tuple[Any, int, Any]:
-        """The next batch of the epoch: (index, position, the sampler's state
-        when it is a snapshot step, else None). StopIteration once the
-        sampler ran out."""
-        index = next(self._sampler_iter)
-        # Delivered before the checkpoint (see BaseIter._skip).
-        while self._dispatched in self._skip:
-            self._dispatched += 1
-            index = next(self._sampler_iter)
-        self._dispatched += 1
-        snapshot = None
-        every = self._snapshot_every
-        if self._map_style and every and self._dispatched % every == 0:
-            snapshot = sampler_state(self._index_sampler)
-        return index, self._dispatched - 1, snapshot
-
-    def _next_worker_for_task(self) -> int:
-        """The next active worker in the round robin. With in_order=False
-        (map-style), a worker that already has its share of the tasks in
-        flight is passed over, as torch does: batches then go to idle
-        workers instead of queueing behind a stalled one."""
-        worker_id = next(self._next_worker)
-        while not self._active[worker_id]:
-            worker_id = next(self._next_worker)
-        if self._in_order or not self._map_style:
-            return worker_id
-        workers = len(self._active)
-        share = self._prefetch // workers
-        in_flight = self._table.in_flight_per_worker()
-        for _ in range(workers):
-            if in_flight[worker_id] < share:
-                break
-            worker_id = next(self._next_worker)
-        return worker_id
+    def _epoch_draw(self) -> EpochDraw:
+        """The draw of the epoch the progress describes, from where it stands."""
+        return EpochDraw(self._sampler_iter, self._skip, self._progress.yielded,
+                         self._index_sampler if self._map_style else None,
+                         self._snapshot_every)

@@ -138,7 +138,7 @@ class LookaheadTasks:
     def __init__(self, epoch: int, indices: list[Any], num_workers: int) -> None:
         self.epoch = epoch
         self.indices = deque(indices)  # not dispatched yet
-        # The round robin a new map-style epoch starts (see _begin_epoch).
+        # The round robin a new map-style epoch starts (see RoundRobin.begin).
         self.workers = itertools.cycle(range(num_workers))
         # (task id, index, worker id) of each task dispatched, in order.
         self.tasks: deque[tuple[int, Any, int]] = deque()

@@ -2,29 +2,36 @@
 
 NOTE [ Task lifecycle ]
 
-A task is one batch being loaded by one worker (``Task``). The iterator
-(``fastload._multiprocess``) owns every task in exactly one of these states,
-kept by ``TaskTable``:
+A task is one batch being loaded by one worker (``Task``). Each worker
+iterator keeps its tasks in a ``TaskTable``, every task in exactly one of
+these states (for worker processes the table is the dispatcher's,
+``fastload._process_dispatch``; for threads, ``fastload._thread_workers``):
 
-  in flight   sent to its worker, no answer yet. The iterator holds the
-              task's slot lease: the worker may be writing into it.
+  in flight   sent to its worker, no answer yet. A worker process's task
+              holds its slot's lease: the worker may be writing into it.
   ready       the worker answered: the batch (views of the slot), the
               exception it raised (``Failure``) or ``STREAM_ENDED`` (its iterable
-              stream ran out). The slot lease moves into the batch.
+              stream ran out). The slot lease moves into the batch (an
+              ended stream's, to the task sent in its place).
   stale       in flight, but of an epoch given up (``iter()`` again before
               the end, a lookahead guess that was wrong): its answer is
               awaited only to release the slot, never delivered.
   (gone)      yielded to the user, raised, passed (STREAM_ENDED), or a stale
               task's answer arrived.
 
-Who moves a task: the dispatch creates it in flight (``add``) and, for a
-batch of the current epoch, appends it to the epoch's ``order``; a
-worker's answer makes it ready (``finish``) or, if stale, gone
-(``answered_stale``); ``pop_next`` takes the next deliverable ready task
-in dispatch order (or any ready one with ``in_order=False``); ``abandon``
-turns in-flight tasks stale and drops ready ones (their slots come back at
-once). A lookahead task is in flight or ready without being in ``order``
-until the new epoch adopts it (NOTE [ Epoch lookahead ]).
+Who moves a task, all in the main thread: sending it (``_dispatch``)
+creates it in flight (``add``) and, for a batch of the current epoch,
+appends it to the epoch's ``order``; handling its worker's answer makes it
+ready (``finish``) or, if stale, gone (``answered_stale``); each
+``next()`` takes the next deliverable ready task (``pop_next``) in dispatch
+order (or any ready one with ``in_order=False``); a new epoch (``iter()``
+again) and a wrong lookahead guess ``abandon`` tasks: those in flight turn
+stale, ready ones are dropped (their slots come back at once). A lookahead
+task is in flight or ready without being in ``order`` until the new epoch
+adopts it (NOTE [ Epoch lookahead ]). A worker process that asks for a
+bigger slot (NEED) keeps its task in flight; the answer waits until the
+dispatcher settles (``_settle``), never inside the handling of another
+answer.
 """
 from __future__ import annotations
 

@@ -94,14 +94,14 @@ import numpy as np
 
 from fastload import _checkpoint, _memory
 from fastload._checkpoint import LoaderState, WorkerState
-from fastload._dispatch import WorkerIter
+from fastload._dispatch import RoundRobin, WorkerIter, wait_seconds
 from fastload._fast_path import BatchWriter, Write
 from fastload._fetch import DatasetKind, create_fetcher, describe_failure
 from fastload._iterator import pin_batch, pin_target
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK
 from fastload._sample_rng import context as sample_context
 from fastload._stats import WorkerStats
-from fastload._task_table import STREAM_ENDED, Task
+from fastload._task_table import STREAM_ENDED, Task, TaskTable
 from fastload._warnings import warn_at_caller
 from fastload._worker_error import WorkerError
 from fastload._worker_info import WorkerInfo, set_thread_worker_info, worker_rng
@@ -320,6 +320,8 @@ class ThreadIter(WorkerIter):
         self._pin_torch = pin_target(loader)
         self._results: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._warned_global_rng = False
+        self._table = TaskTable()  # NOTE [ Task lifecycle ]
+        self._round_robin = RoundRobin(loader)
         self._stats.workers = [WorkerStats() for _ in range(workers)]
         progress = self._progress
         progress.workers, progress.next_worker = _checkpoint.worker_states(
@@ -356,7 +358,9 @@ class ThreadIter(WorkerIter):
         self._stop_all()
 
     def _begin_epoch(self) -> None:
-        self._begin_round_robin(len(self._workers))
+        self._table.order = []
+        self._round_robin.begin(self._progress)
+        self._draw = self._epoch_draw()
         for _ in range(self._prefetch):
             self._dispatch()
 
@@ -377,14 +381,13 @@ class ThreadIter(WorkerIter):
 
     def _dispatch(self) -> None:
         """Send the next batch's task to the next active worker, if any."""
-        if self._sampler_done or not any(self._active):
+        if not self._round_robin.any_active():
             return
-        try:
-            index, position, snapshot = self._draw()
-        except StopIteration:
-            self._sampler_done = True
+        drawn = self._draw.next()
+        if drawn is None:
             return
-        worker_id = self._next_worker_for_task()
+        index, position, snapshot = drawn
+        worker_id = self._round_robin.next_worker(self._table)
         task_id = self._table.add(Task(worker_id, index, None, position, snapshot))
         self._table.order.append(task_id)
         slot = None if self._slots is None else self._slots.acquire(self._slot_bytes)
@@ -416,12 +419,7 @@ class ThreadIter(WorkerIter):
         until there is one; the ``deadline`` (time.monotonic) raises, and
         so does a worker thread that ended without saying why."""
         while True:
-            timeout = LIVENESS_POLL_SECONDS
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
-                timeout = min(remaining, timeout)
+            timeout = wait_seconds(deadline, LIVENESS_POLL_SECONDS, self._timeout)
             try:
                 self._handle(self._results.get(timeout=timeout))
             except queue.Empty:
@@ -480,7 +478,7 @@ class ThreadIter(WorkerIter):
             table.finish(task_id, message[2])
         elif kind == ENDED:
             task.dataset_state = message[2]
-            self._active[task.worker_id] = False
+            self._round_robin.retire(task.worker_id)
             table.finish(task_id, STREAM_ENDED)
             self._dispatch()
         else:

@@ -1,8 +1,8 @@
 """A group of worker processes and everything they share with the main
 process: task and result rings, the doorbell, the slab pool, the sockets that
-carry new segments and large messages. The iterator (``_multiprocess``)
-decides what to load;
-this module starts, watches and stops the processes.
+carry new segments and large messages. The dispatcher
+(``_process_dispatch``) decides what to load; this module starts, watches
+and stops the processes.
 
 NOTE [ Shutdown protocol ]
 

@@ -66,6 +66,24 @@ def test_a_failing_sample_anywhere_fails_its_batch_only(where, workers, persiste
     assert outcome(loader, epochs=2) == expected
 
 
+@pytest.mark.parametrize("where", sorted(POSITIONS))
+@pytest.mark.parametrize("method,in_order", [
+    ("thread", True), ("thread", False), ("multiprocessing", False)])
+def test_a_failing_sample_fails_its_batch_only_with_threads_or_out_of_order(
+        where, method, in_order):
+    # The same batches and exceptions as num_workers=0; out of order, the
+    # same ones in some order.
+    dataset = FailsAt(N, POSITIONS[where])
+    expected = outcome(fl.DataLoader(dataset, batch_size=3), epochs=2)
+    loader = fl.DataLoader(dataset, batch_size=3, num_workers=3, worker_method=method,
+                           in_order=in_order, persistent_workers=True)
+    got = outcome(loader, epochs=2)
+    if in_order:
+        assert got == expected
+    else:
+        assert sorted(map(repr, got)) == sorted(map(repr, expected))
+
+
 def test_persistent_loader_starts_fresh_workers_after_a_death():
     loader = fl.DataLoader(Sleepy(n=16, delay=0.01), batch_size=2, num_workers=2,
                            persistent_workers=True)

@@ -1,0 +1,395 @@
+"""The tasks of worker processes: sending them, their slots, and the
+workers' answers that move them (NOTE [ Task lifecycle ] in
+fastload._task_table).
+
+``ProcessDispatcher`` is what the iterator (``_multiprocess``) calls: it
+sends each batch's task to the next worker (round robin, at most
+``prefetch_factor`` tasks in flight per worker), takes a slot from the pool
+for it, reads the result rings, and hands back the next batch due. While
+a batch is ready to return it puts off growing the pool (``_settle``).
+Persistent workers go on into the next epoch's first batches once the
+sampler has run out (NOTE [ Epoch lookahead ] in fastload._lookahead).
+
+It waits in one place, ``_pump`` (for the workers' answers), which the
+iterator's calls reach directly or through ``_acquire_at_cap`` (a slot at
+the pool's cap, which comes back only as workers answer). Handling an
+answer never waits: a request for a bigger slot is kept for ``_settle``,
+and a worker whose stream ended hands its slot to the task sent in its
+place. So a wait is never entered from inside another, and the state a
+wait sees is never half-way through handling an answer.
+
+While it waits the main thread sleeps on one doorbell that every result ring
+and the SIGCHLD handler ring (NOTE [ Worker-death detection ] in
+fastload_c/src/fl_proc.h): a result wakes it, and so does a worker's death.
+"""
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+from fastload import _protocol
+from fastload._dispatch import (
+    EpochDraw,
+    RoundRobin,
+    deadline_after,
+    tasks_in_flight,
+    wait_seconds,
+)
+from fastload._fetch import DatasetKind
+from fastload._iterator import Progress
+from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
+from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT
+from fastload._stats import WorkerStats
+from fastload._task_table import STREAM_ENDED, Failure, Task, TaskTable
+from fastload._worker_error import WorkerError
+from fastload._worker_group import WorkerGroup, WorkerGroupDied
+from fastload.errors import ShmError
+from fastload_c import pack
+
+# Without SIGCHLD (forkserver workers are not our children) the waiting main
+# thread looks at its workers this often, well inside the 100 ms the user
+# is promised to hear of a death. With SIGCHLD it still looks now and then,
+# in case a library replaced the handler after the workers started.
+DEATH_POLL_SECONDS = 0.05
+SIGCHLD_SAFETY_SECONDS = 1.0
+
+
+def _slot_of(lease: Any) -> tuple[int, int, int]:
+    """How a task names its slot to a worker (NOTE [ Worker protocol ])."""
+    return (lease.segment_id, lease.offset, lease.capacity)
+
+
+def _copy_out(batch: Any) -> Any:
+    """The batch in private memory, for a pool at its cap (see _keeps_slot)."""
+    return pickle.loads(pickle.dumps(batch, protocol=5))
+
+
+class WorkerSetupFailed(Exception):
+    """Internal: a worker failed outside a task (worker_init_fn, its task
+    loop); the iterator raises ``error``, the worker's exception."""
+
+    def __init__(self, error: WorkerError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class ProcessDispatcher:
+    """The tasks of one iterator's worker processes, each in one state of
+    ``table``. Holds no reference to the iterator: the worker group must
+    die with the iterator by reference counting (see _worker_group)."""
+
+    def __init__(self, loader: Any, workers: WorkerGroup, stats: list[WorkerStats]) -> None:
+        self.table = TaskTable()
+        self.workers = workers
+        self._stats = stats
+        self._round_robin = RoundRobin(loader)
+        self._prefetch = tasks_in_flight(loader)
+        self._in_order: bool = loader.in_order
+        self._timeout: float = loader.timeout
+        self._index_sampler = loader._index_sampler
+        self._may_look_ahead = (loader.persistent_workers
+                                and loader._dataset_kind is DatasetKind.MAP)
+        self._draw = EpochDraw(iter(()), frozenset(), 0, None, 0)  # until begin_epoch
+        self._epoch = 0
+        self._lookahead: LookaheadTasks | None = None
+        self._carried = CarriedTasks()
+        # Work that grows the pool, put off while a batch is ready to return
+        # (see _settle): workers' requests for a bigger slot (their NEED
+        # messages), and dispatches owed for delivered batches.
+        self._needs: list[tuple[Any, ...]] = []
+        self._owed = 0
+        self._copy_out = False
+
+    def begin_epoch(self, draw: EpochDraw, progress: Progress) -> None:
+        """Start loading the epoch ``progress`` describes: a task for each
+        batch of the prefetch."""
+        self._draw = draw
+        self._epoch = progress.epoch
+        self._round_robin.begin(progress)
+        self.table.order = []
+        self._owed = 0
+        for _ in range(self._prefetch):
+            self._dispatch()
+
+    def new_epoch(self, draw: EpochDraw, progress: Progress) -> None:
+        """Persistent workers: give the unfinished epoch up and begin the one
+        ``progress`` describes, adopting the lookahead's tasks if it guessed it."""
+        lookahead, self._lookahead = self._lookahead, None
+        if lookahead is not None and lookahead.epoch == progress.epoch:
+            self._carried = CarriedTasks(lookahead.tasks)
+        else:
+            lookahead, self._carried = None, CarriedTasks()
+        carried = self._carried.ids()
+        table = self.table
+        table.abandon([t for t in (*table.in_flight, *table.ready) if t not in carried])
+        # Abandoned tasks hold their slots until their worker answers: wait
+        # for all but one epoch's worth, so that iter() after iter() without
+        # next() cannot grow the pool (or the rings) for ever.
+        deadline = deadline_after(self._timeout)
+        self._drain()
+        self._serve_needs(None)
+        while len(table.stale) > self._prefetch:
+            self._pump(deadline)
+            self._serve_needs(None)
+        if lookahead is None:
+            self.workers.reset(progress.epoch)  # a lookahead sent this already
+        self.begin_epoch(draw, progress)
+
+    def next_ready(self, stream_ended: Callable[[Task], None]) -> tuple[Task, Any] | None:
+        """The next batch due and its task (the batch a Failure when the
+        worker raised), waiting for it for at most ``timeout``; None when the
+        epoch has no task left. ``stream_ended`` gets each task passed over
+        because its worker's iterable stream had run out."""
+        deadline = deadline_after(self._timeout)
+        self._settle()
+        table = self.table
+        while True:
+            found = table.pop_next_batch(self._in_order, stream_ended)
+            if found is not None:
+                task, batch = found
+                if not isinstance(batch, Failure) and not self._keeps_slot():
+                    # The user gets a private copy; the slot comes back now
+                    # (the worker is done with it).
+                    batch = _copy_out(batch)
+                    task.lease = None
+                if self.workers.pool.free_slots:
+                    self._dispatch()
+                else:
+                    self._owed += 1  # growing the pool can wait for the next call
+                return task, batch
+            if not table.order:
+                return None
+            awaited = table.in_flight.get(table.order[0]) if self._in_order else None
+            self._settle(awaited.worker_id if awaited is not None else None)
+            self._pump(deadline)
+
+    def held_by(self, worker_id: int) -> Task | None:
+        """The first task of the epoch in flight on ``worker_id``, if any."""
+        held = [task for _, task in sorted(self.table.in_flight.items())
+                if task.worker_id == worker_id and task.position is not None]
+        return held[0] if held else None
+
+    def last_words(self, worker_id: int) -> WorkerError | None:
+        """The set-up failure a dead worker reported before it ended
+        (worker_init_fn raised, say), if it did."""
+        while True:
+            try:
+                message = self.workers.next_result(worker_id)
+            except (EOFError, WorkerGroupDied):
+                return None  # a large message its death cut short
+            if message is None:
+                return None
+            if message[0] == FAILED and message[1] == INIT_TASK:
+                error: WorkerError = message[2]
+                return error
+
+    # -- sending tasks ---------------------------------------------------
+
+    def _dispatch(self, lease: Any = None) -> None:
+        """Send the next batch's task to the next active worker, if any;
+        once the sampler ran out, the next lookahead task. ``lease``: a slot
+        to send it in, instead of one from the pool."""
+        if self._draw.done:
+            self._dispatch_lookahead()
+            return
+        if not self._round_robin.any_active():
+            return
+        drawn = self._draw.next()
+        if drawn is None:
+            self.table.abandon(self._carried.drop())
+            self._start_lookahead()
+            self._dispatch_lookahead()
+            return
+        index, position, snapshot = drawn
+        worker_id = self._round_robin.next_worker(self.table)
+        task_id, dropped = self._carried.adopt(index, worker_id)
+        self.table.abandon(dropped)
+        if task_id is None:
+            lease = lease or self.workers.pool.acquire() or self._acquire_at_cap()
+            task_id = self._send_task(worker_id, index, lease, position, snapshot)
+        else:
+            task = self.table.get(task_id)
+            assert task is not None  # carried tasks are in flight or ready
+            task.sampler_state = snapshot
+            task.position = position
+        self.table.order.append(task_id)
+
+    def _send_task(self, worker_id: int, index: Any, lease: Any, position: int | None,
+                   snapshot: Any) -> int:
+        task = Task(worker_id, index, lease, position, snapshot)
+        task_id = self.table.add(task)
+
+        def place_index(index_bytes: bytes) -> tuple[int, int, int]:
+            # An index too large for a record starts the task's slot.
+            if task.lease.capacity < len(index_bytes):
+                task.lease = (self.workers.pool.acquire(len(index_bytes))
+                              or self._acquire_at_cap())
+            with memoryview(task.lease) as slot:
+                slot[:len(index_bytes)] = index_bytes
+            return _slot_of(task.lease)
+
+        self.workers.send_record(
+            worker_id, _protocol.task_message(task_id, index, _slot_of(lease), place_index))
+        return task_id
+
+    def _start_lookahead(self) -> None:
+        """Persistent workers, map-style: guess the next epoch's first
+        batches (NOTE [ Epoch lookahead ] in fastload._lookahead)."""
+        if not self._may_look_ahead:
+            return
+        head = next_epoch_head(self._index_sampler, self._prefetch)
+        if not head:
+            return
+        epoch = self._epoch + 1
+        self.workers.reset(epoch)
+        self._lookahead = LookaheadTasks(epoch, head, self.workers.num_workers)
+
+    def _dispatch_lookahead(self) -> None:
+        """The next lookahead task, in the slot a delivered batch freed. It
+        never waits for a slot: at the pool's cap the lookahead stops."""
+        lookahead = self._lookahead
+        if lookahead is None or not lookahead.indices:
+            return
+        lease = self.workers.pool.acquire()
+        if lease is None:
+            lookahead.indices.clear()
+            return
+        index = lookahead.indices.popleft()
+        worker_id = next(lookahead.workers)
+        lookahead.tasks.append(
+            (self._send_task(worker_id, index, lease, None, None), index, worker_id))
+
+    # -- slots -----------------------------------------------------------
+
+    def _acquire_at_cap(self) -> Any:
+        """A slot when the pool may not grow: from now on batches are copied
+        out of their slots (see _keeps_slot); wait for one to come back."""
+        self._copy_out = True
+        deadline = deadline_after(self._timeout)
+        while True:
+            if not self.table.in_flight:
+                pool = self.workers.pool
+                raise ShmError(
+                    f"every slot of the loader's shared memory ({pool.nbytes} bytes, "
+                    "its cap) is held by batches this program still references; "
+                    "drop or copy (np.copy) batches you keep")
+            self._pump(deadline)
+            lease = self.workers.pool.acquire()
+            if lease is not None:
+                return lease
+
+    def _keeps_slot(self) -> bool:
+        """Whether a batch handed to the user may keep its slot: not once
+        the pool is at its cap with every slot taken, since the user may
+        keep every batch (see _acquire_at_cap)."""
+        if not self._copy_out:
+            pool = self.workers.pool
+            self._copy_out = (pool.free_slots == 0 and pool.max_bytes > 0
+                              and pool.max_bytes - pool.nbytes < pool.slot_size)
+        return not self._copy_out
+
+    def _settle(self, awaited_worker: int | None = None) -> None:
+        """Do the work put off to return a ready batch sooner: growing the
+        pool (a new segment, tens of milliseconds for large slots) for a
+        worker that waits for a bigger slot, or to replace a delivered task.
+        Only the pool's growth phase puts anything off. While the next batch
+        is awaited from ``awaited_worker``, only what it waits on (every
+        request of that worker, which loads its tasks in order) and what
+        costs no growth is done."""
+        self._serve_needs(awaited_worker)
+        if awaited_worker is None and self._owed:
+            while self._owed:
+                self._owed -= 1
+                self._dispatch()
+            self._serve_needs(None)  # those that came while a dispatch waited at the cap
+
+    def _serve_needs(self, awaited_worker: int | None) -> None:
+        """Answer the workers' requests for a bigger slot (see _settle for
+        ``awaited_worker``), those that come while one waits at the pool's
+        cap too: a worker whose request stayed unanswered here could keep
+        the wait that follows from ever ending."""
+        pool = self.workers.pool
+        put_off = []
+        while self._needs:
+            message = self._needs.pop(0)
+            task = self.table.in_flight.get(message[1]) or self.table.stale.get(message[1])
+            if (awaited_worker is None or task is None or task.worker_id == awaited_worker
+                    or (message[2] <= pool.slot_size and pool.free_slots)):
+                self._reslot(message[1], message[2])
+            else:
+                put_off.append(message)
+        self._needs = put_off
+
+    def _reslot(self, task_id: int, nbytes: int) -> None:
+        """A bigger slot for task ``task_id``, whose worker waits for it."""
+        table, pool = self.table, self.workers.pool
+        task = table.in_flight.get(task_id) or table.stale.get(task_id)
+        if task is None:
+            return
+        if pool.max_bytes and nbytes > pool.max_bytes:
+            # No slot will ever hold it: the worker fails that batch instead.
+            self.workers.send(task.worker_id, (RESLOT, task_id, None, pool.max_bytes))
+            return
+        task.lease = pool.acquire(nbytes) or self._acquire_at_cap()
+        self.workers.send(task.worker_id, (RESLOT, task_id, _slot_of(task.lease), 0))
+
+    # -- the workers' answers --------------------------------------------
+
+    def _pump(self, deadline: float | None) -> None:
+        """Handle the messages waiting on the result rings, first sleeping
+        until there is one. A worker's death or the ``deadline``
+        (time.monotonic) raise."""
+        workers = self.workers
+        while True:
+            seen = workers.doorbell.seq
+            if self._drain():
+                return
+            try:
+                workers.raise_if_dead()
+            except WorkerGroupDied:
+                # What a worker said before it died comes first (its last
+                # exception, say); its death is noticed on a later wait.
+                if self._drain():
+                    return
+                raise
+            poll = SIGCHLD_SAFETY_SECONDS if workers.sigchld else DEATH_POLL_SECONDS
+            workers.doorbell.wait(seen, wait_seconds(deadline, poll, self._timeout))
+
+    def _drain(self) -> bool:
+        """Handle every message waiting on the result rings; whether any was."""
+        workers = self.workers
+        handled = False
+        for worker_id in range(workers.num_workers):
+            while (message := workers.next_result(worker_id)) is not None:
+                self._handle(message)
+                handled = True
+        return handled
+
+    def _handle(self, message: tuple[Any, ...]) -> None:
+        """Move a task as its worker's answer says; never waits (see the
+        module's docstring)."""
+        kind, task_id = message[0], message[1]
+        table = self.table
+        if kind == FAILED and task_id == INIT_TASK:
+            raise WorkerSetupFailed(message[2])
+        if kind == NEED:
+            self._needs.append(message)
+            return
+        task = table.in_flight.get(task_id)
+        if task is None:
+            table.answered_stale(task_id)
+        elif kind == DONE:
+            table.finish(task_id, pack.unpack(task.lease, message[2]))
+            self._stats[task.worker_id].add(message[3], message[4])
+            task.has_dataset_state, task.dataset_state = message[5], message[6]
+            task.dataset_ended = message[7]
+        elif kind == ENDED:
+            task.dataset_state = message[2]
+            table.finish(task_id, STREAM_ENDED)
+            self._round_robin.retire(task.worker_id)
+            # Its slot holds no batch: the task that replaces it takes it.
+            lease, task.lease = task.lease, None
+            self._dispatch(lease)
+        elif kind == FAILED:
+            table.finish(task_id, Failure(message[2]))

@@ -1,0 +1,176 @@
+"""The worker-process dispatcher alone: no process, workers played by a
+script (NOTE [ Task lifecycle ] in fastload/_task_table.py)."""
+import collections
+import pickle
+import types
+
+import numpy as np
+import pytest
+
+from fastload._dispatch import EpochDraw
+from fastload._fetch import DatasetKind
+from fastload._iterator import Progress
+from fastload._process_dispatch import ProcessDispatcher, WorkerSetupFailed
+from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT, TASK
+from fastload._stats import WorkerStats
+from fastload._task_table import Failure
+from fastload_c.pack import collate_into
+from fastload_c.slab import SlabPool
+
+
+class ScriptedWorkers:
+    """A worker group whose workers answer when the main thread waits:
+    ``answer(worker_id, task_id, index)`` gives a task's messages."""
+
+    def __init__(self, num_workers, answer, max_bytes=0):
+        self.num_workers = num_workers
+        self.sigchld = True
+        self.pool = SlabPool(4096, slots_per_segment=2, max_bytes=max_bytes)
+        self.answer = answer
+        self.tasks = [[] for _ in range(num_workers)]  # (task id, index) received
+        self.sent = []  # every message to a worker, in order
+        self.results = [collections.deque() for _ in range(num_workers)]
+        self.waiting = 0  # nested waits now (must never exceed one)
+        self.dispatcher = None
+        self.doorbell = types.SimpleNamespace(seq=0, wait=self.wait)
+
+    def send_record(self, worker_id, data):
+        message = pickle.loads(data)
+        assert message[0] == TASK
+        self.tasks[worker_id].append((message[1], message[2]))
+        self.sent.append((worker_id, message))
+
+    def send(self, worker_id, message):
+        self.sent.append((worker_id, message))
+
+    def next_result(self, worker_id):
+        results = self.results[worker_id]
+        return results.popleft() if results else None
+
+    def raise_if_dead(self):
+        pass
+
+    def reset(self, epoch):
+        self.sent.append((None, ("reset", epoch)))
+
+    def wait(self, seen, timeout):
+        """Time passes: each worker answers its oldest unanswered task."""
+        self.waiting += 1
+        try:
+            assert self.waiting == 1, "a wait was entered from inside another"
+            answered = False
+            for worker_id, tasks in enumerate(self.tasks):
+                if tasks:
+                    task_id, index = tasks.pop(0)
+                    self.results[worker_id].extend(self.answer(worker_id, task_id, index))
+                    answered = True
+            assert answered, "the main thread waits for workers that have nothing to do"
+        finally:
+            self.waiting -= 1
+
+    def done(self, task_id, value):
+        """A DONE message for ``task_id`` with the batch ``value`` in its slot."""
+        lease = self.dispatcher.table.in_flight[task_id].lease
+        return (DONE, task_id, collate_into([value], lease), 0.0, 0.0, False, None, False)
+
+
+def dispatcher_over(workers, indices, prefetch_factor=2, in_order=True,
+                    kind=DatasetKind.MAP):
+    loader = types.SimpleNamespace(
+        num_workers=workers.num_workers, prefetch_factor=prefetch_factor, in_order=in_order,
+        timeout=0, persistent_workers=False, _dataset_kind=kind, _index_sampler=None)
+    stats = [WorkerStats() for _ in range(workers.num_workers)]
+    dispatcher = ProcessDispatcher(loader, workers, stats)
+    workers.dispatcher = dispatcher
+    dispatcher.begin_epoch(EpochDraw(iter(indices), frozenset(), 0, None, 0),
+                           Progress(epoch=0, base_seed=0))
+    return dispatcher
+
+
+def delivered(dispatcher):
+    """Every batch of the epoch, as values or ("failed", error)."""
+    out = []
+    while (found := dispatcher.next_ready(lambda task: None)) is not None:
+        task, batch = found
+        out.append(("failed", batch.error) if isinstance(batch, Failure)
+                   else (task.position, int(batch[0])))
+    return out
+
+
+def test_the_prefetch_goes_round_robin_and_each_delivery_sends_the_next_task():
+    workers = ScriptedWorkers(2, lambda w, t, index: [workers.done(t, np.int64(index))])
+    dispatcher = dispatcher_over(workers, range(10, 17))
+    assert [(w, m[2]) for w, m in workers.sent] == [(0, 10), (1, 11), (0, 12), (1, 13)]
+    assert delivered(dispatcher) == [(i, 10 + i) for i in range(7)]
+    assert [m[2] for _, m in workers.sent] == list(range(10, 17))
+    assert not dispatcher.table.in_flight and not dispatcher.table.ready
+
+
+def test_a_failed_batch_is_delivered_in_its_place():
+    def answer(worker_id, task_id, index):
+        if index == 2:
+            return [(FAILED, task_id, "a worker's error")]
+        return [workers.done(task_id, np.int64(index))]
+
+    workers = ScriptedWorkers(2, answer)
+    assert delivered(dispatcher_over(workers, range(5))) == [
+        (0, 0), (1, 1), ("failed", "a worker's error"), (3, 3), (4, 4)]
+
+
+def test_a_bigger_slot_is_given_after_the_answers_are_handled():
+    asked = set()
+
+    def answer(worker_id, task_id, index):
+        if task_id not in asked:
+            asked.add(task_id)
+            workers.tasks[worker_id].insert(0, (task_id, index))  # it waits for its slot
+            return [(NEED, task_id, 3 * 4096)]
+        return [workers.done(task_id, np.int64(index))]
+
+    workers = ScriptedWorkers(2, answer)
+    dispatcher = dispatcher_over(workers, range(4), prefetch_factor=1)
+    assert delivered(dispatcher) == [(i, i) for i in range(4)]
+    reslots = [m for _, m in workers.sent if m[0] == RESLOT]
+    assert len(reslots) == 4 and all(m[2][2] >= 3 * 4096 for m in reslots)
+
+
+def test_an_ended_stream_hands_its_slot_to_the_task_that_replaces_it():
+    def answer(worker_id, task_id, index):
+        if worker_id == 1:
+            return [(ENDED, task_id, None)]
+        return [workers.done(task_id, np.int64(len(workers.sent)))]
+
+    workers = ScriptedWorkers(2, answer)
+    dispatcher = dispatcher_over(workers, [None] * 6, prefetch_factor=1,
+                                 kind=DatasetKind.ITERABLE)
+    ended = []
+    got = [dispatcher.next_ready(ended.append)[0].worker_id]
+    # Worker 1's task ended as worker 0's batch came: the task sent in its
+    # place took its slot, and the pool did not grow.
+    assert workers.pool.nbytes == 2 * 4096
+    while (found := dispatcher.next_ready(ended.append)) is not None:
+        got.append(found[0].worker_id)
+    assert got == [0] * 5 and [t.worker_id for t in ended] == [1]
+    assert [w for w, m in workers.sent] == [0, 1, 0, 0, 0, 0]
+
+
+def test_in_order_false_passes_over_a_worker_with_its_share_in_flight():
+    def answer(worker_id, task_id, index):
+        if worker_id == 0:
+            workers.tasks[0].insert(0, (task_id, index))  # worker 0 is stalled
+            return []
+        return [workers.done(task_id, np.int64(index))]
+
+    workers = ScriptedWorkers(2, answer)
+    dispatcher = dispatcher_over(workers, range(8), prefetch_factor=1, in_order=False)
+    got = [dispatcher.next_ready(lambda task: None)[0].worker_id for _ in range(4)]
+    assert got == [1, 1, 1, 1]
+    assert workers.sent[0][0] == 0 and {w for w, _ in workers.sent[1:]} == {1}
+
+
+def test_a_set_up_failure_is_handed_to_the_iterator():
+    workers = ScriptedWorkers(1, lambda w, t, index: [(FAILED, INIT_TASK, "init failed")])
+    dispatcher = dispatcher_over(workers, range(3))
+    with pytest.raises(WorkerSetupFailed) as info:
+        dispatcher.next_ready(lambda task: None)
+    assert info.value.error == "init failed"
