@@ -7,9 +7,9 @@ import types
 import numpy as np
 import pytest
 
+from fastload._checkpoint import Progress
 from fastload._dispatch import EpochDraw
 from fastload._fetch import DatasetKind
-from fastload._iterator import Progress
 from fastload._process_dispatch import ProcessDispatcher, WorkerSetupFailed
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT, TASK
 from fastload._stats import WorkerStats
@@ -83,7 +83,7 @@ def dispatcher_over(workers, indices, prefetch_factor=2, in_order=True,
     dispatcher = ProcessDispatcher(loader, workers, stats)
     workers.dispatcher = dispatcher
     dispatcher.begin_epoch(EpochDraw(iter(indices), frozenset(), 0, None, 0),
-                           Progress(epoch=0, base_seed=0))
+                           Progress(epoch=0, base_seed=0, map_style=True))
     return dispatcher
 
 
