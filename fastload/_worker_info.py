@@ -107,19 +107,32 @@ def _torch_thread_aware() -> None:
     from torch.utils.data import dataloader as torch_dataloader
     from torch.utils.data._utils import worker as torch_worker
 
+    global _torch_original_get_worker_info
     original = torch_worker.get_worker_info
-    if getattr(original, "fastload_thread_aware", False):
+    if original is torch_get_worker_info:
         return
-
-    def get_worker_info() -> Any:
-        info = getattr(_thread, "torch_info", None)
-        return original() if info is None else info
-
-    get_worker_info.__doc__ = original.__doc__
-    get_worker_info.fastload_thread_aware = True  # type: ignore[attr-defined]
+    _torch_original_get_worker_info = original
+    torch_get_worker_info.__doc__ = original.__doc__
     for module in (torch_worker, torch_dataloader, torch_data):
         if getattr(module, "get_worker_info", None) is original:
-            module.get_worker_info = get_worker_info  # type: ignore[attr-defined]
+            module.get_worker_info = torch_get_worker_info  # type: ignore[attr-defined]
+
+
+# torch's own get_worker_info, once _torch_thread_aware replaced it.
+_torch_original_get_worker_info: Any = None
+
+
+def torch_get_worker_info() -> Any:
+    """torch's ``get_worker_info()``, thread-aware (see _torch_thread_aware).
+    A module-level function, so that what holds it still pickles (spawn)."""
+    info = getattr(_thread, "torch_info", None)
+    if info is not None:
+        return info
+    original = _torch_original_get_worker_info
+    if original is None:  # unpickled where torch's was never replaced
+        from torch.utils.data._utils import worker as torch_worker
+        return torch_worker._worker_info
+    return original()
 
 
 def _torch_worker_info(info: WorkerInfo) -> Any:

@@ -4,6 +4,7 @@ equal num_workers=0 and worker processes on generated datasets is
 tests/test_worker_differential.py; here, what only threads have."""
 import gc
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -75,6 +76,18 @@ def test_worker_info_is_per_thread_and_the_main_thread_has_none():
         assert [s["torch_id"] for s in samples] == [s["id"] for s in samples]
         assert torch.utils.data.get_worker_info() is None
     assert fl.get_worker_info() is None
+
+
+@pytest.mark.skipif(torch is None, reason="torch's get_worker_info needs torch")
+def test_torchs_get_worker_info_still_pickles_after_thread_workers_ran():
+    """A spawned worker receives what refers to it (a worker_init_fn, say)."""
+    list(fl.DataLoader(WhoLoads(), batch_size=None, num_workers=2, **THREAD))
+    restored = pickle.loads(pickle.dumps(torch.utils.data.get_worker_info))
+    assert restored is torch.utils.data.get_worker_info and restored() is None
+    check = "import pickle, sys; f = pickle.loads(sys.stdin.buffer.read()); print(f())"
+    shipped = subprocess.run([sys.executable, "-c", check], capture_output=True, timeout=120,
+                             input=pickle.dumps(torch.utils.data.get_worker_info))
+    assert shipped.stdout.strip() == b"None", shipped.stderr
 
 
 def test_worker_rng_is_independent_per_worker_and_reproducible():
