@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload._bench.contenders import CONTENDERS, MEMCPY
+from fastload._bench.contenders import CONTENDERS, MEMCPY, TAKE
 from fastload._bench.memory import tree_memory
 from fastload._bench.workloads import WORKLOADS
 
@@ -145,14 +145,34 @@ def time_memcpy(arrays: tuple[np.ndarray, ...], size: int, duration: float) -> d
             "bytes_per_sample": sum(t.nbytes for t in targets) / size}
 
 
+def time_take(arrays: tuple[np.ndarray, ...], size: int, duration: float) -> dict[str, Any]:
+    """``array.take(rows, axis=0)`` of every array, for the rows of each batch
+    of shuffled epochs, in this one process: what a loader gathering those
+    rows (an ArrayDataset's batches) does without workers, at numpy's speed."""
+    rng = np.random.default_rng(0)
+    samples = 0
+    began = time.perf_counter()
+    while time.perf_counter() - began < duration:
+        order = rng.permutation(len(arrays[0]))
+        for start in range(0, len(order), size):
+            rows = order[start:start + size]
+            for source in arrays:
+                source.take(rows, axis=0)
+            samples += len(rows)
+    seconds = time.perf_counter() - began
+    return {"samples": samples, "seconds": seconds,
+            "bytes_per_sample": sum(a[:1].nbytes for a in arrays)}
+
+
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Build the workload and time the contender ``spec`` names over it."""
     workload = WORKLOADS[spec["workload"]]
     contender = spec["contender"]
     batch_size = spec.get("batch_size") or workload.batch_size
     arrays = workload.make_arrays()
-    if contender == MEMCPY:
-        result = time_memcpy(arrays, batch_size, spec["duration"])
+    if contender in (MEMCPY, TAKE):
+        timer = time_memcpy if contender == MEMCPY else time_take
+        result = timer(arrays, batch_size, spec["duration"])
         result.update(tree_memory_now())
     else:
         dataset = workload.dataset(contender, arrays)
