@@ -13,10 +13,17 @@ torch does, so the order is torch's and a framework that swaps the sampler
 swaps what is loaded. Every numeric leaf comes out as a tensor, as torch's
 ``default_collate`` makes them.
 
+Lightning re-creates a loader from its own class, so it keeps this engine.
+accelerate's ``prepare`` wraps a new ``torch.utils.data.DataLoader`` it
+builds itself (its class is written into accelerate), over its sharding
+batch sampler: ``use_fastload_engine`` puts this ``DataLoader`` back under
+that wrapper, over the same batch sampler and settings.
+
 Importing this module imports torch; ``import fastload`` never does.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -64,6 +71,7 @@ __all__ = [
     "default_convert",
     "get_worker_info",
     "random_split",
+    "use_fastload_engine",
 ]
 
 
@@ -164,3 +172,19 @@ class DataLoader(_torch_data.DataLoader):  # type: ignore[type-arg]
 
     def stats(self) -> LoaderStats | None:
         return self._fastload.stats()
+
+
+def use_fastload_engine(prepared: Any) -> Any:
+    """``prepared``, a loader from accelerate's ``prepare`` (or any wrapper
+    holding a torch loader as ``base_dataloader``), loading through this
+    module's ``DataLoader`` from now on: the same dataset, the same sampler or
+    batch sampler (accelerate's shard of the rank), the same settings."""
+    base = prepared.base_dataloader
+    arguments = {name: getattr(base, name)
+                 for name in inspect.signature(DataLoader.__init__).parameters
+                 if name not in ("self", "shuffle") and hasattr(base, name)}
+    if base.batch_sampler is not None:
+        # torch refuses these beside a batch sampler; it made them from it.
+        arguments.update(batch_size=1, sampler=None, drop_last=False)
+    prepared.base_dataloader = DataLoader(**arguments)
+    return prepared
