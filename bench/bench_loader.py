@@ -2,7 +2,7 @@
 (issues 5 and 16).
 
     PYTHONPATH=. python bench/bench_loader.py [--repeats 3] [--duration 2] [--json FILE]
-    PYTHONPATH=. python bench/bench_loader.py --real-data   # jpeg, torchvision, hf, memmap, rows
+    PYTHONPATH=. python bench/bench_loader.py --real-data --workers 0,2  # jpeg, torchvision, hf, memmap, rows
 
 The matrix of ``python -m fastload bench`` (the same runner, in
 fastload/_bench): by default every workload whose packages are installed;
@@ -120,7 +120,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--real-data", action="store_true",
-                        help=f"the real-data workloads only: {','.join(REAL_DATA)}")
+                        help=f"the real-data workloads only: {','.join(REAL_DATA)}, without "
+                             "the later epochs' timings (an epoch of the memmap is 2048 batches)")
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--workers", default="0,1,2")
     parser.add_argument("--duration", type=float, default=2.0)
@@ -130,7 +131,7 @@ def main() -> int:
     plan = runner.Plan(workloads=REAL_DATA if args.real_data else args.workloads.split(","),
                        contenders=args.contenders.split(","),
                        workers=[int(w) for w in args.workers.split(",")],
-                       duration=args.duration, repeats=args.repeats)
+                       duration=args.duration, repeats=args.repeats, epochs=not args.real_data)
     outcome = runner.run(plan, progress=report.ProgressBar())
     print(report.table(outcome))
     found = targets(outcome)

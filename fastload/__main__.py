@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
                        help="repeats of the whole matrix; medians are reported "
                             f"(default {DEFAULT_REPEATS})")
+    bench.add_argument("--epochs", action="store_true",
+                       help="also time later epochs' first batches, back to back and with the "
+                            "loop stepping (whole epochs: minutes)")
     bench.add_argument("--no-memory", action="store_true",
                        help="do not sample the peak memory (PSS) of each measurement")
     bench.add_argument("--json", metavar="FILE", help="write every number to FILE as JSON")
@@ -81,7 +84,8 @@ def _bench(args: argparse.Namespace) -> int:
         plan = runner.Plan(workloads=list(WORKLOADS) if args.all else args.workloads,
                            contenders=args.contenders,
                            workers=args.workers, duration=args.duration, repeats=args.repeats,
-                           memory=not args.no_memory, batch_size=args.batch_size)
+                           memory=not args.no_memory, batch_size=args.batch_size,
+                           epochs=args.epochs)
     except ValueError as exc:
         print(f"python -m fastload bench: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -27,8 +27,8 @@ def run_cli(*args, timeout=120):
 def tiny_bench(tmp_path_factory):
     """One tiny run of the real benchmark: rows, 0 and 2 workers."""
     path = tmp_path_factory.mktemp("bench") / "out.json"
-    result = run_cli("bench", "--duration", "0.05", "--repeats", "1", "--workloads", "rows",
-                     "--workers", "0,2", "--json", str(path))
+    result = run_cli("bench", "--duration", "0.05", "--repeats", "1", "--epochs",
+                     "--workloads", "rows", "--workers", "0,2", "--json", str(path))
     return result, path
 
 
@@ -162,8 +162,9 @@ def test_schedule_rotates_contenders_and_adds_the_references():
     assert len(specs) == 3 * (2 * 2 * 3 + 2)
     for workload, reference in (("large", "memcpy"), ("rows", "np.take")):
         assert [s for s in specs if s["contender"] == reference] == [
-            {"workload": workload, "contender": reference, "workers": 0, "duration": 1.0,
-             "batch_size": None, "repeat": r} for r in range(3)]
+            {"workload": workload, "contender": reference, "workers": 0,
+             "duration": runner.DEFAULT_DURATION, "batch_size": None, "epochs": False,
+             "repeat": r} for r in range(3)]
     cells: dict = {}
     for spec in specs:
         if spec["contender"] not in ("memcpy", "np.take"):

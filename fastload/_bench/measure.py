@@ -9,8 +9,9 @@ the workload's arrays, then times:
 * the first batch of a new loader, its workers started fresh;
 * every later epoch's first batch, the workers kept (persistent workers);
 * the rate of everything after the first batch, across epochs, until the
-  duration has passed and at least ``NEXT_EPOCHS`` later epochs have begun;
-* with workers, the first batch of ``STEPPING_EPOCHS`` more epochs while the
+  duration has passed and, when the spec asks for ``epochs``, at least
+  ``NEXT_EPOCHS`` later epochs have begun;
+* with ``epochs`` and workers, the first batch of ``STEPPING_EPOCHS`` more epochs while the
   loop steps as a training loop does: after each batch it sleeps (as a loop
   waiting on its accelerator) ``STEP_OVER_INTERVAL`` times the loader's own
   mean batch interval, so that the loader has time to spare. Back to back,
@@ -70,7 +71,7 @@ def tree_memory_now() -> dict[str, int]:
     return {f"baseline_{kind}": size for kind, size in seen.items()}
 
 
-def time_loader(loader: Any, duration: float, stepping: bool) -> dict[str, Any]:
+def time_loader(loader: Any, duration: float, later_epochs: bool, stepping: bool) -> dict[str, Any]:
     started = time.perf_counter()
     batches = iter(loader)
     first = next(batches)
@@ -83,7 +84,7 @@ def time_loader(loader: Any, duration: float, stepping: bool) -> dict[str, Any]:
             samples += batch_samples(batch)
             count += 1
             last = time.perf_counter()
-            if last - first_at >= duration and len(next_epoch) >= NEXT_EPOCHS:
+            if last - first_at >= duration and (not later_epochs or len(next_epoch) >= NEXT_EPOCHS):
                 break
         else:
             begun = time.perf_counter()
@@ -99,7 +100,7 @@ def time_loader(loader: Any, duration: float, stepping: bool) -> dict[str, Any]:
     interval = (last - first_at) / count
     return {
         "first_batch_s": first_at - started,
-        "next_epoch_first_batch_s": statistics.median(next_epoch),
+        "next_epoch_first_batch_s": statistics.median(next_epoch) if next_epoch else None,
         "stepping_next_epoch_first_batch_s": (
             time_stepping_epochs(loader, batches, STEP_OVER_INTERVAL * interval)
             if stepping else None),
@@ -180,7 +181,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                                        workload.collate_fn(contender))
         gc.collect()
         baseline = tree_memory_now()
-        result = time_loader(loader, spec["duration"], stepping=spec["workers"] > 0)
+        epochs = spec.get("epochs", True)
+        result = time_loader(loader, spec["duration"], epochs, stepping=epochs and spec["workers"] > 0)
         result.update(baseline)
         close = getattr(loader, "close", None)
         if close is not None:

@@ -49,15 +49,16 @@ METRICS = ("samples_per_s", "mb_per_s", "first_batch_s", "next_epoch_first_batch
            "peak_charged", "baseline_charged", "loader_charged")
 
 
-# What `python -m fastload bench` measures unless told otherwise: the
-# workloads that show where fastload pays off and where it only matches
-# torch, each at 0 and 2 workers, three repeats of a second (a median of
-# three is stable to a few per cent), about a minute on two cores. The rest
-# (large, ragged, memmap, torchvision, hf, images) run with --workloads or
-# --all.
-DEFAULT_WORKLOADS = ["rows", "augment", "tensors", "jpeg"]
+# What `python -m fastload bench` measures unless told otherwise, in about a
+# minute on two idle cores: small rows, where handing a batch over costs
+# more than making it, and decoding JPEG files, where workers pay off; each
+# at 0 and 2 workers, three repeats of half a second (the median of three
+# paired ratios moves by a few per cent from run to run, where one repeat of
+# a second moved by tens), without the later epochs' timings (--epochs),
+# which take whole epochs. The other workloads run with --workloads or --all.
+DEFAULT_WORKLOADS = ["rows", "jpeg"]
 DEFAULT_WORKERS = [0, 2]
-DEFAULT_DURATION = 1.0
+DEFAULT_DURATION = 0.5
 DEFAULT_REPEATS = 3
 
 
@@ -79,6 +80,8 @@ class Plan:
     memory: bool = True
     # None: each workload's own batch size.
     batch_size: int | None = None
+    # Time later epochs' first batches (see fastload._bench.measure).
+    epochs: bool = False
 
     def __post_init__(self) -> None:
         unknown = [w for w in self.workloads if w not in WORKLOADS]
@@ -158,7 +161,8 @@ def schedule(plan: Plan, contenders: list[str]) -> list[dict[str, Any]]:
                 for contender in names[shift:] + names[:shift]:
                     specs.append({"workload": name, "contender": contender,
                                   "workers": workers, "duration": plan.duration,
-                                  "batch_size": plan.batch_size, "repeat": repeat})
+                                  "batch_size": plan.batch_size, "epochs": plan.epochs,
+                                  "repeat": repeat})
     return specs
 
 
