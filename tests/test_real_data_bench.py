@@ -73,3 +73,20 @@ def test_jpeg_samples_are_the_same_whatever_the_workers(jpeg_files):
         assert x0.dtype == np.float32 and np.array_equal(x0, x2) and np.array_equal(y0, y2)
     # Normalised: about zero-mean, a spread of order one.
     assert abs(float(batches[0][0][0].mean())) < 3 and 0.1 < float(batches[0][0][0].std()) < 5
+
+
+def test_the_pool_of_an_array_dataset_starts_with_slots_of_one_batch():
+    from fastload import _memory
+
+    rows = fl.ArrayDataset(np.zeros((100, 3), np.float32), np.arange(100))
+    # 10 rows of 12 bytes, then the labels from the next 64-byte boundary.
+    assert _memory.batch_slot_bytes(rows, 10) == 128 + 80
+    assert _memory.batch_slot_bytes(fl.Subset(rows, [1, 2]), 10) == 208
+    assert _memory.batch_slot_bytes(rows, None) is None
+    assert _memory.batch_slot_bytes(fl.ArrayDataset(np.array(["a"] * 4)), 2) is None
+    large = fl.ArrayDataset(np.zeros((8, 1 << 18), np.float32))
+    it = iter(fl.DataLoader(large, batch_size=4, num_workers=2))
+    assert next(it)[0].shape == (4, 1 << 18)
+    pool = it._workers.pool
+    assert pool.slot_size == 4 << 20  # exactly one batch: never grown, no headroom
+    assert all(size == pool.slot_size for _, _, size, _ in pool.segments)
