@@ -93,6 +93,8 @@ _DEFAULTS = (default_collate, default_convert, _torch_data.default_collate,
 
 
 _RANDOM_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+# The key of a state taken with one of those, naming it (see state_dict).
+_STATELESS_SAMPLER = "torch_stateless_sampler"
 
 
 class DataLoader(_torch_data.DataLoader):  # type: ignore[type-arg]
@@ -156,18 +158,24 @@ class DataLoader(_torch_data.DataLoader):  # type: ignore[type-arg]
         return len(self._fastload)
 
     def state_dict(self) -> dict[str, Any]:
-        """fastload.DataLoader's state (NOTE [ Resume contract ]). Refused
-        for torch's random samplers: they keep no state, and drawing their
-        permutation again on resume would give other batches."""
+        """fastload.DataLoader's state (NOTE [ Resume contract ]). Taken in
+        any case, since frameworks take it whenever a loader has one
+        (accelerate on every batch, Lightning in its checkpoints); with one
+        of torch's random samplers, which keep no state, it is marked so
+        that ``load_state_dict`` refuses it: drawing their permutation again
+        on resume would give other batches."""
+        state = self._fastload.state_dict()
         sampler = getattr(self.batch_sampler, "sampler", self.sampler)
         if isinstance(sampler, _RANDOM_SAMPLERS) and not hasattr(sampler, "state_dict"):
-            raise ValueError(
-                f"state_dict() cannot resume torch's {type(sampler).__name__}: it keeps no "
-                "state, so a resumed run would shuffle differently; use fastload.DataLoader "
-                "with shuffle=True (its samplers resume exactly) or a sampler with state_dict()")
-        return self._fastload.state_dict()
+            state[_STATELESS_SAMPLER] = type(sampler).__name__
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if _STATELESS_SAMPLER in state:
+            raise ValueError(
+                f"load_state_dict() cannot resume torch's {state[_STATELESS_SAMPLER]}: it keeps "
+                "no state, so a resumed run would shuffle differently; use fastload.DataLoader "
+                "with shuffle=True (its samplers resume exactly) or a sampler with state_dict()")
         self._fastload.load_state_dict(state)
 
     def stats(self) -> LoaderStats | None:
