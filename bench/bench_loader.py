@@ -1,14 +1,17 @@
-"""End-to-end loading: fastload against torch's DataLoader and a Pool baseline (issue 5).
+"""End-to-end loading: fastload against torch's DataLoader and a Pool baseline
+(issues 5 and 16).
 
     PYTHONPATH=. python bench/bench_loader.py [--repeats 3] [--duration 2] [--json FILE]
+    PYTHONPATH=. python bench/bench_loader.py --real-data --workers 0,2  # jpeg, torchvision, hf, memmap, rows
 
-The full matrix of ``python -m fastload bench`` (the same runner, in
-fastload/_bench): workloads rows, images, augment and large; contenders
-fastload, fastload-thread (with workers only), torch and python-mp with 0,
-1 and 2 workers, plus memcpy beside the large samples; every measurement in
-a fresh process, the contenders of one cell in rotating order, peak PSS
-sampled. Then checks issue 5's targets
-on ratios paired within each repeat.
+The matrix of ``python -m fastload bench`` (the same runner, in
+fastload/_bench): by default every workload whose packages are installed;
+contenders fastload, fastload-thread (with workers only), torch and
+python-mp with 0, 1 and 2 workers, plus memcpy beside the bandwidth-bound
+workloads and np.take beside the small rows; every measurement in a fresh
+process, the contenders of one cell in rotating order, peak PSS sampled.
+Then checks issue 5's and issue 16's targets on ratios paired within each
+repeat.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import sys
 from typing import Any
 
 from fastload._bench import report, runner
-from fastload._bench.contenders import CONTENDERS, MEMCPY
+from fastload._bench.contenders import CONTENDERS, MEMCPY, TAKE
 from fastload._bench.workloads import WORKLOADS
 
 # Issue 5: against torch with this many workers, in the same run.
@@ -27,6 +30,13 @@ SPEED_TARGETS = {"rows": 20.0, "images": 10.0, "augment": 2.0}
 AUGMENT_OVER_SINGLE_PROCESS = 1.5
 MEMCPY_SHARE = 0.5
 NEXT_EPOCH_SECONDS = 0.002
+# Issue 16, on two cores: decoding JPEGs with 2 workers against fastload's
+# own 0 workers and against torch; issue 18: small rows with 2 worker
+# threads against one process's np.take of the same bytes.
+JPEG_OVER_SINGLE_PROCESS = 1.9
+JPEG_OVER_TORCH = 1.0
+ROWS_THREADS_TAKE_SHARE = 0.5
+REAL_DATA = ["jpeg", "torchvision", "hf", "memmap", "rows"]
 
 
 def _target(name: str, value: float | None, goal: float, unit: str = "x",
@@ -55,6 +65,15 @@ def targets(outcome: runner.Outcome) -> list[dict[str, Any]]:
     found.append(_target(f"large: MB/s of fastload {WORKERS} workers / memcpy of the same bytes",
                          ratio(("large", "fastload", WORKERS), ("large", MEMCPY, 0), "mb_per_s"),
                          MEMCPY_SHARE))
+    found.append(_target(f"jpeg: fastload {WORKERS} workers / fastload 0 workers",
+                         ratio(("jpeg", "fastload", WORKERS), ("jpeg", "fastload", 0)),
+                         JPEG_OVER_SINGLE_PROCESS))
+    found.append(_target(f"jpeg: samples/s of fastload / torch, {WORKERS} workers",
+                         ratio(("jpeg", "fastload", WORKERS), ("jpeg", "torch", WORKERS)),
+                         JPEG_OVER_TORCH))
+    found.append(_target(f"rows: MB/s of fastload-thread {WORKERS} workers / np.take of the same rows",
+                         ratio(("rows", "fastload-thread", WORKERS), ("rows", TAKE, 0), "mb_per_s"),
+                         ROWS_THREADS_TAKE_SHARE))
     summary = runner.summarize(outcome)
     for workload in outcome.plan.workloads:
         for workers in outcome.plan.workers:
@@ -100,19 +119,23 @@ def describe(target: dict[str, Any]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--real-data", action="store_true",
+                        help=f"the real-data workloads only: {','.join(REAL_DATA)}, without "
+                             "the later epochs' timings (an epoch of the memmap is 2048 batches)")
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--workers", default="0,1,2")
     parser.add_argument("--duration", type=float, default=2.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default="bench_loader.json", help="where to write the results")
     args = parser.parse_args()
-    plan = runner.Plan(workloads=args.workloads.split(","), contenders=args.contenders.split(","),
+    plan = runner.Plan(workloads=REAL_DATA if args.real_data else args.workloads.split(","),
+                       contenders=args.contenders.split(","),
                        workers=[int(w) for w in args.workers.split(",")],
-                       duration=args.duration, repeats=args.repeats)
+                       duration=args.duration, repeats=args.repeats, epochs=not args.real_data)
     outcome = runner.run(plan, progress=report.ProgressBar())
     print(report.table(outcome))
     found = targets(outcome)
-    print("\nissue 5 targets (ratios are medians of ratios paired within a repeat):")
+    print("\nissue 5 and 16 targets (ratios are medians of ratios paired within a repeat):")
     for target in found:
         print("  " + describe(target))
     data = report.as_json(outcome)

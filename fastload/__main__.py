@@ -1,6 +1,6 @@
 """``python -m fastload``: benchmark the loader on this machine, or check it.
 
-    python -m fastload bench [--workloads rows,images] [--workers 0,2] [--json F] [--plot F.png]
+    python -m fastload bench [--workloads rows,jpeg | --all] [--workers 0,2] [--json F] [--plot F.png]
     python -m fastload doctor [--json]
 """
 from __future__ import annotations
@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from fastload._bench.contenders import CONTENDERS
+from fastload._bench.runner import DEFAULT_DURATION, DEFAULT_REPEATS, DEFAULT_WORKERS, DEFAULT_WORKLOADS
 from fastload._bench.workloads import WORKLOADS
 
 # Exit codes: a measurement failed; the command line asked for the impossible.
@@ -33,26 +34,33 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m fastload", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     bench = commands.add_parser(
-        "bench", help="compare fastload with torch and a pure-Python loader on synthetic data",
-        description="Run synthetic workloads through fastload, a pure-Python multiprocessing "
+        "bench", help="compare fastload with torch and a pure-Python loader on generated data",
+        description="Run synthetic and real-data workloads through fastload, a pure-Python "
+                    "multiprocessing "
                     "baseline and torch's DataLoader (when installed), each measurement in a "
                     "fresh process, and print samples/s, MB/s, time to first batch and ratios. "
                     "Workloads: " + "; ".join(f"{w.name}: {w.description}, batch {w.batch_size}"
                                               for w in WORKLOADS.values()) + ".")
-    bench.add_argument("--workloads", type=_names,
-                       default=["rows", "images", "augment", "tensors", "ragged"],
+    bench.add_argument("--workloads", type=_names, default=list(DEFAULT_WORKLOADS),
                        help=f"comma-separated, of {','.join(WORKLOADS)} "
-                            "(default rows,images,augment,tensors,ragged; tensors needs torch)")
+                            f"(default {','.join(DEFAULT_WORKLOADS)}; those a workload needs and "
+                            "that are not installed are named and skipped)")
+    bench.add_argument("--all", action="store_true", help="every workload (several minutes)")
     bench.add_argument("--contenders", type=_names, default=list(CONTENDERS),
                        help=f"comma-separated, of {','.join(CONTENDERS)} (default all)")
-    bench.add_argument("--workers", type=_counts, default=[0, 2],
-                       help="comma-separated numbers of worker processes (default 0,2)")
+    bench.add_argument("--workers", type=_counts, default=list(DEFAULT_WORKERS),
+                       help="comma-separated numbers of worker processes "
+                            f"(default {','.join(map(str, DEFAULT_WORKERS))})")
     bench.add_argument("--batch-size", type=int, default=None,
                        help="override every workload's batch size")
-    bench.add_argument("--duration", type=float, default=1.0,
-                       help="seconds of loading per measurement (default 1)")
-    bench.add_argument("--repeats", type=int, default=1,
-                       help="repeats of the whole matrix; medians are reported (default 1)")
+    bench.add_argument("--duration", type=float, default=DEFAULT_DURATION,
+                       help=f"seconds of loading per measurement (default {DEFAULT_DURATION:g})")
+    bench.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
+                       help="repeats of the whole matrix; medians are reported "
+                            f"(default {DEFAULT_REPEATS})")
+    bench.add_argument("--epochs", action="store_true",
+                       help="also time later epochs' first batches, back to back and with the "
+                            "loop stepping (whole epochs: minutes)")
     bench.add_argument("--no-memory", action="store_true",
                        help="do not sample the peak memory (PSS) of each measurement")
     bench.add_argument("--json", metavar="FILE", help="write every number to FILE as JSON")
@@ -73,9 +81,11 @@ def _bench(args: argparse.Namespace) -> int:
               "pip install 'fastload[plot]' (or pip install matplotlib)", file=sys.stderr)
         return EXIT_USAGE
     try:
-        plan = runner.Plan(workloads=args.workloads, contenders=args.contenders,
+        plan = runner.Plan(workloads=list(WORKLOADS) if args.all else args.workloads,
+                           contenders=args.contenders,
                            workers=args.workers, duration=args.duration, repeats=args.repeats,
-                           memory=not args.no_memory, batch_size=args.batch_size)
+                           memory=not args.no_memory, batch_size=args.batch_size,
+                           epochs=args.epochs)
     except ValueError as exc:
         print(f"python -m fastload bench: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -38,7 +38,7 @@ class GatheredBatch(Sequence[tuple[Any, ...]]):
 
     def __getitem__(self, index: int | slice) -> tuple[Any, ...] | GatheredBatch:
         if isinstance(index, slice):
-            return GatheredBatch(tuple(column[index] for column in self.columns))
+            return type(self)(tuple(column[index] for column in self.columns))
         return tuple(column[index] for column in self.columns)
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
@@ -47,6 +47,14 @@ class GatheredBatch(Sequence[tuple[Any, ...]]):
     def __repr__(self) -> str:
         shapes = ", ".join(f"{c.dtype}{list(c.shape)}" for c in self.columns)
         return f"GatheredBatch({len(self)} samples: {shapes})"
+
+
+class GatheredTensors(GatheredBatch):
+    """A GatheredBatch some of whose columns are torch tensors (an
+    ArrayDataset over tensors): ``default_collate`` returns those as they
+    are, which is ``torch.stack`` of their rows."""
+
+    __slots__ = ()
 
 
 def gather(arrays: tuple[np.ndarray, ...], indices: Any) -> GatheredBatch:

@@ -3,7 +3,8 @@
 fastload_c provides the mechanism (Segment.pin, SlabPool); this module
 decides what to do with it: whether a segment may be pinned under
 RLIMIT_MEMLOCK and what happens when it may not, when pinned segments are
-registered with CUDA, and how large the slab pool may grow.
+registered with CUDA, how large the slab pool may grow, and how large its
+first slots are.
 """
 from __future__ import annotations
 
@@ -11,14 +12,17 @@ import errno
 import resource
 import sys
 import warnings
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
+from fastload.collate import is_stacked_column
+from fastload.dataset import ArrayDataset, Subset
 from fastload_c import shm
 from fastload_c.errors import ShmError
 from fastload_c.slab import SlabPool
 
 __all__ = [
     "PinningWarning",
+    "batch_slot_bytes",
     "default_max_bytes",
     "locked_bytes",
     "memlock_limit",
@@ -155,6 +159,29 @@ class _Unregister:
         err = int(self.cudart.cudaHostUnregister(self.address))
         if err != 0:
             raise ShmError(errno.EIO, "cudaHostUnregister failed: CUDA error {}".format(err))
+
+
+# Each array of a gathered batch starts on this boundary in its slot (as
+# fastload_c.pack lays them out).
+_SLOT_ALIGN = 64
+
+
+def batch_slot_bytes(dataset: Any, batch_size: Optional[int]) -> Optional[int]:
+    """The bytes a full batch of ``dataset`` takes in a slot, where that is
+    known before any batch is made: rows of a numeric ``ArrayDataset`` (or
+    a ``Subset`` of one), which workers gather whole into their slot. A pool
+    whose first slots are that size never grows them, and so never adds the
+    eighth of headroom a grown slot gets for batches that vary. None
+    elsewhere: the first batch that needs more raises the size."""
+    while type(dataset) is Subset:
+        dataset = dataset.dataset
+    if (type(dataset) is not ArrayDataset or not batch_size
+            or not all(is_stacked_column(array) for array in dataset.arrays)):
+        return None
+    size = 0
+    for array in dataset.arrays:
+        size = -(-size // _SLOT_ALIGN) * _SLOT_ALIGN + batch_size * array[:1].nbytes
+    return size
 
 
 def default_max_bytes() -> int:

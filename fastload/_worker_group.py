@@ -56,7 +56,8 @@ from fastload_c.shm import send_segments
 # Results are records of at most _protocol.INLINE_BYTES; the main process
 # drains them as they come.
 RESULT_RING_BYTES = 1 << 18
-# A first guess at the batch size; the first batch that needs more raises it.
+# A first guess at the batch size where it is not known beforehand
+# (_memory.batch_slot_bytes); the first batch that needs more raises it.
 INITIAL_SLOT_BYTES = 1 << 20
 # Slots per pool segment. A loader holds prefetch_factor * num_workers slots
 # in flight plus the one or two the loop holds, rarely a multiple of four:
@@ -178,7 +179,8 @@ class WorkerGroup:
             self.sockets, self.doorbell, self.sigchld)
         WorkerGroup.live.add(self)
         self.pool = _memory.new_pool(
-            INITIAL_SLOT_BYTES, pin_memory=loader.pin_memory, slots_per_segment=SLOTS_PER_SEGMENT,
+            _memory.batch_slot_bytes(loader.dataset, loader.batch_size) or INITIAL_SLOT_BYTES,
+            pin_memory=loader.pin_memory, slots_per_segment=SLOTS_PER_SEGMENT,
             on_segment=channels.send_segment, on_retire=channels.retire_segment)
         initial_segments = {seg_id: segment for seg_id, segment, _, _ in self.pool.segments}
         parent_death = threading.current_thread() is threading.main_thread()

@@ -43,7 +43,7 @@ def default_collate(batch: Sequence[Any]) -> Any:
     Samples whose arrays disagree in shape raise CollateError naming both
     sample positions and shapes.
     """
-    if type(batch) is GatheredBatch:
+    if isinstance(batch, GatheredBatch):
         return [
             column if is_stacked_column(column) else _collate(list(column))
             for column in batch.columns
@@ -51,11 +51,11 @@ def default_collate(batch: Sequence[Any]) -> Any:
     return _collate(batch)
 
 
-def is_stacked_column(column: np.ndarray) -> bool:
+def is_stacked_column(column: Any) -> bool:
     """Whether a gathered column already is its batch, which default_collate
-    returns as it is: numeric kinds (strings and objects are collated per
-    sample, as torch does)."""
-    return column.dtype.kind in _NUMERIC_KINDS
+    returns as it is: torch tensors and numeric arrays (strings and objects
+    are collated per sample, as torch does)."""
+    return is_tensor(column) or column.dtype.kind in _NUMERIC_KINDS
 
 
 def _collate(batch: Sequence[Any]) -> Any:

@@ -11,9 +11,9 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from fastload import _seed
-from fastload._gathered import GatheredBatch, gather
+from fastload._gathered import GatheredBatch, GatheredTensors, gather
 from fastload._seed import GeneratorArg
-from fastload._torch import is_tensor, torch_data_class
+from fastload._torch import is_tensor, torch_data_class, torch_or_none
 from fastload.errors import InvalidArgumentError
 
 __all__ = [
@@ -76,12 +76,18 @@ def _as_array(value: Any) -> np.ndarray:
 class ArrayDataset(Dataset[tuple[Any, ...]]):
     """Samples are rows: sample ``i`` is ``tuple(array[i] for array in arrays)``.
 
-    Takes numpy arrays (or torch tensors, shared zero-copy as numpy arrays)
-    with equal first dimensions. A batch is gathered with one ``take`` per
+    Takes numpy arrays or torch tensors with equal first dimensions; tensors
+    are shared zero-copy as numpy arrays, and their rows come out as tensors
+    (``TensorArrayDataset``). A batch is gathered with one ``take`` per
     array (see NOTE [ Gathered batches ] in _gathered).
     """
 
     arrays: tuple[np.ndarray, ...]
+
+    def __new__(cls, *arrays: Any) -> ArrayDataset:
+        if cls is ArrayDataset and any(is_tensor(a) for a in arrays):
+            cls = TensorArrayDataset
+        return super().__new__(cls)
 
     def __init__(self, *arrays: Any) -> None:
         if not arrays:
@@ -114,6 +120,31 @@ class ArrayDataset(Dataset[tuple[Any, ...]]):
 
     def __len__(self) -> int:
         return len(self.arrays[0])
+
+
+class TensorArrayDataset(ArrayDataset):
+    """What ``ArrayDataset(...)`` makes when some arrays are torch tensors:
+    the same rows, as tensors at those positions (as torch's TensorDataset
+    gives them), so batches hold tensors there whatever ``num_workers``.
+    Its batches are ``GatheredTensors``, which workers write sample by sample
+    (``collate_into`` marks tensor leaves for unpack) rather than through
+    the gather of numpy-only ArrayDatasets, whose layout holds arrays only."""
+
+    def __init__(self, *arrays: Any) -> None:
+        super().__init__(*arrays)
+        self.tensor_columns = tuple(is_tensor(a) for a in arrays)
+
+    def _as_tensors(self, values: Sequence[Any]) -> tuple[Any, ...]:
+        torch = torch_or_none()  # a spawned worker has not imported it yet
+        assert torch is not None, "the arrays were torch tensors"
+        return tuple(torch.from_numpy(np.asarray(value)) if tensor else value
+                     for value, tensor in zip(values, self.tensor_columns))
+
+    def __getitem__(self, index: Any) -> tuple[Any, ...]:
+        return self._as_tensors(super().__getitem__(index))
+
+    def __getitems__(self, indices: Sequence[int]) -> GatheredBatch:
+        return GatheredTensors(self._as_tensors(gather(self.arrays, indices).columns))
 
 
 TensorDataset = ArrayDataset
@@ -196,7 +227,8 @@ def _interleave(parts: list[tuple[np.ndarray, Sequence[Any]]], count: int) -> Se
     """Merge per-dataset results back into request order; columns stay columns
     when every part is a GatheredBatch of the same row shapes."""
     batches = [part for _, part in parts]
-    if all(isinstance(b, GatheredBatch) for b in batches):
+    # Tensor columns (GatheredTensors) merge sample by sample, staying tensors.
+    if all(type(b) is GatheredBatch for b in batches):
         width = len(batches[0].columns)  # type: ignore[attr-defined]
         if all(
             len(b.columns) == width  # type: ignore[attr-defined]

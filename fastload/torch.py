@@ -13,10 +13,17 @@ torch does, so the order is torch's and a framework that swaps the sampler
 swaps what is loaded. Every numeric leaf comes out as a tensor, as torch's
 ``default_collate`` makes them.
 
+Lightning re-creates a loader from its own class, so it keeps this engine.
+accelerate's ``prepare`` wraps a new ``torch.utils.data.DataLoader`` it
+builds itself (its class is written into accelerate), over its sharding
+batch sampler: ``use_fastload_engine`` puts this ``DataLoader`` back under
+that wrapper, over the same batch sampler and settings.
+
 Importing this module imports torch; ``import fastload`` never does.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -64,6 +71,7 @@ __all__ = [
     "default_convert",
     "get_worker_info",
     "random_split",
+    "use_fastload_engine",
 ]
 
 
@@ -85,6 +93,8 @@ _DEFAULTS = (default_collate, default_convert, _torch_data.default_collate,
 
 
 _RANDOM_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+# The key of a state taken with one of those, naming it (see state_dict).
+_STATELESS_SAMPLER = "torch_stateless_sampler"
 
 
 class DataLoader(_torch_data.DataLoader):  # type: ignore[type-arg]
@@ -148,19 +158,41 @@ class DataLoader(_torch_data.DataLoader):  # type: ignore[type-arg]
         return len(self._fastload)
 
     def state_dict(self) -> dict[str, Any]:
-        """fastload.DataLoader's state (NOTE [ Resume contract ]). Refused
-        for torch's random samplers: they keep no state, and drawing their
-        permutation again on resume would give other batches."""
+        """fastload.DataLoader's state (NOTE [ Resume contract ]). Taken in
+        any case, since frameworks take it whenever a loader has one
+        (accelerate on every batch, Lightning in its checkpoints); with one
+        of torch's random samplers, which keep no state, it is marked so
+        that ``load_state_dict`` refuses it: drawing their permutation again
+        on resume would give other batches."""
+        state = self._fastload.state_dict()
         sampler = getattr(self.batch_sampler, "sampler", self.sampler)
         if isinstance(sampler, _RANDOM_SAMPLERS) and not hasattr(sampler, "state_dict"):
-            raise ValueError(
-                f"state_dict() cannot resume torch's {type(sampler).__name__}: it keeps no "
-                "state, so a resumed run would shuffle differently; use fastload.DataLoader "
-                "with shuffle=True (its samplers resume exactly) or a sampler with state_dict()")
-        return self._fastload.state_dict()
+            state[_STATELESS_SAMPLER] = type(sampler).__name__
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if _STATELESS_SAMPLER in state:
+            raise ValueError(
+                f"load_state_dict() cannot resume torch's {state[_STATELESS_SAMPLER]}: it keeps "
+                "no state, so a resumed run would shuffle differently; use fastload.DataLoader "
+                "with shuffle=True (its samplers resume exactly) or a sampler with state_dict()")
         self._fastload.load_state_dict(state)
 
     def stats(self) -> LoaderStats | None:
         return self._fastload.stats()
+
+
+def use_fastload_engine(prepared: Any) -> Any:
+    """``prepared``, a loader from accelerate's ``prepare`` (or any wrapper
+    holding a torch loader as ``base_dataloader``), loading through this
+    module's ``DataLoader`` from now on: the same dataset, the same sampler or
+    batch sampler (accelerate's shard of the rank), the same settings."""
+    base = prepared.base_dataloader
+    arguments = {name: getattr(base, name)
+                 for name in inspect.signature(DataLoader.__init__).parameters
+                 if name not in ("self", "shuffle") and hasattr(base, name)}
+    if base.batch_sampler is not None:
+        # torch refuses these beside a batch sampler; it made them from it.
+        arguments.update(batch_size=1, sampler=None, drop_last=False)
+    prepared.base_dataloader = DataLoader(**arguments)
+    return prepared

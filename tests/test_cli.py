@@ -27,8 +27,8 @@ def run_cli(*args, timeout=120):
 def tiny_bench(tmp_path_factory):
     """One tiny run of the real benchmark: rows, 0 and 2 workers."""
     path = tmp_path_factory.mktemp("bench") / "out.json"
-    result = run_cli("bench", "--duration", "0.05", "--workloads", "rows", "--workers", "0,2",
-                     "--json", str(path))
+    result = run_cli("bench", "--duration", "0.05", "--repeats", "1", "--epochs",
+                     "--workloads", "rows", "--workers", "0,2", "--json", str(path))
     return result, path
 
 
@@ -39,9 +39,13 @@ def test_bench_measures_every_contender_and_writes_json(tiny_bench):
     data = json.loads(path.read_text())
     contenders = ["fastload", "python-mp"] + (["torch"] if HAS_TORCH else [])
     rows = {(r["contender"], r["workers"]): r for r in data["summary"]}
-    # Worker threads are measured with workers only (without, they are "fastload").
-    assert set(rows) == {(c, w) for c in contenders for w in (0, 2)} | {("fastload-thread", 2)}
+    # Worker threads are measured with workers only (without, they are
+    # "fastload"); np.take of the same rows is the small rows' reference.
+    assert set(rows) == ({(c, w) for c in contenders for w in (0, 2)}
+                         | {("fastload-thread", 2), ("np.take", 0)})
     assert not data["failures"]
+    take = rows.pop(("np.take", 0))
+    assert take["mb_per_s"] == pytest.approx(take["samples_per_s"] * 264 / 1e6)
     for (contender, workers), row in rows.items():
         assert row["workload"] == "rows" and row["repeats"] == 1
         for metric in ("samples_per_s", "mb_per_s", "first_batch_s", "next_epoch_first_batch_s"):
@@ -54,15 +58,20 @@ def test_bench_measures_every_contender_and_writes_json(tiny_bench):
         for baseline in baselines:
             expected = row["samples_per_s"] / rows[(baseline, workers)]["samples_per_s"]
             assert row["ratios"][baseline] == pytest.approx(expected)
+        assert row["reference_share"] == pytest.approx(row["mb_per_s"] / take["mb_per_s"])
+        if workers:
+            alone = rows[("fastload" if contender == "fastload-thread" else contender, 0)]
+            expected = row["samples_per_s"] / alone["samples_per_s"]
+            assert row["over_0_workers"] == pytest.approx(expected)
     if not HAS_TORCH:
         assert data["skipped"]["torch"] == "torch is not installed"
     environment = data["environment"]
     assert environment["cpus"] >= 1
     for moment in ("before", "after"):
         assert 0 < environment[f"cpu_capacity_{moment}"] <= environment["cpus"] * 1.5
-    assert len(data["measurements"]) == len(rows)
+    assert len(data["measurements"]) == len(rows) + 1
     pids = {m["pid"] for m in data["measurements"]}
-    assert len(pids) == len(rows)  # one fresh process per measurement
+    assert len(pids) == len(rows) + 1  # one fresh process per measurement
 
 
 @pytest.mark.timeout(150)
@@ -73,7 +82,7 @@ def test_bench_prints_a_table_and_a_progress_bar(tiny_bench):
     assert "vs torch" in lines[0] and "vs python-mp" in lines[0]
     body = [line.split() for line in lines[2:] if line.startswith("rows")]
     assert {(cells[1], cells[2]) for cells in body} >= {("fastload", "0"), ("fastload", "2")}
-    total = (6 if HAS_TORCH else 4) + 1  # and fastload-thread with 2 workers
+    total = (6 if HAS_TORCH else 4) + 2  # and fastload-thread with 2 workers, np.take
     # Not a terminal: one progress line per measurement, then the last.
     progress = [line for line in result.stderr.splitlines() if line.startswith("[")]
     assert len(progress) == total + 1
@@ -146,17 +155,19 @@ def test_bad_options_exit_with_usage_error(capsys, args, message):
     assert message in capsys.readouterr().err
 
 
-def test_schedule_rotates_contenders_and_adds_memcpy_to_bandwidth_workloads():
+def test_schedule_rotates_contenders_and_adds_the_references():
     plan = runner.Plan(workloads=["rows", "large"], contenders=["fastload", "torch", "python-mp"],
                        workers=[0, 2], repeats=3)
     specs = runner.schedule(plan, plan.contenders)
-    assert len(specs) == 3 * (2 * 2 * 3 + 1)
-    assert [s for s in specs if s["contender"] == "memcpy"] == [
-        {"workload": "large", "contender": "memcpy", "workers": 0, "duration": 1.0,
-         "batch_size": None, "repeat": r} for r in range(3)]
+    assert len(specs) == 3 * (2 * 2 * 3 + 2)
+    for workload, reference in (("large", "memcpy"), ("rows", "np.take")):
+        assert [s for s in specs if s["contender"] == reference] == [
+            {"workload": workload, "contender": reference, "workers": 0,
+             "duration": runner.DEFAULT_DURATION, "batch_size": None, "epochs": False,
+             "repeat": r} for r in range(3)]
     cells: dict = {}
     for spec in specs:
-        if spec["contender"] != "memcpy":
+        if spec["contender"] not in ("memcpy", "np.take"):
             key = (spec["workload"], spec["workers"], spec["repeat"])
             cells.setdefault(key, []).append(spec["contender"])
     firsts = [order[0] for order in cells.values()]
@@ -213,8 +224,9 @@ def test_worker_threads_are_measured_with_workers_only():
                        workers=[0, 2], repeats=2)
     specs = runner.schedule(plan, plan.contenders)
     measured = sorted({(s["contender"], s["workers"]) for s in specs})
-    assert measured == [("fastload", 0), ("fastload", 2), ("fastload-thread", 2)]
-    assert len(specs) == 2 * 3
+    assert measured == [("fastload", 0), ("fastload", 2), ("fastload-thread", 2), ("np.take", 0)]
+    assert len(specs) == 2 * 4
     only_threads = runner.Plan(workloads=["rows"], contenders=["fastload-thread"],
                                workers=[0, 2])
-    assert [s["workers"] for s in runner.schedule(only_threads, only_threads.contenders)] == [2]
+    assert [s["workers"] for s in runner.schedule(only_threads, only_threads.contenders)
+            if s["contender"] != "np.take"] == [2] * runner.DEFAULT_REPEATS

@@ -355,8 +355,18 @@ def test_a_ready_batch_is_returned_before_the_pool_grows_for_others():
     # 4 MiB samples outgrow the first slots. The first batch needs one new
     # segment (two slots: tasks 0 and 1); the segments that tasks 2, 3 and 4
     # need are made at the next call, not while batch 0 waits to be returned.
+    # (Not an ArrayDataset: its pool starts at its batch size, see
+    # _memory.batch_slot_bytes.)
     x = (np.arange(8 * 4 * 1024 * 1024) % 251).astype(np.uint8).reshape(8, -1)
-    loader = fl.DataLoader(fl.ArrayDataset(x), batch_size=1, num_workers=2, prefetch_factor=2)
+
+    class Rows(fl.Dataset):
+        def __len__(self):
+            return len(x)
+
+        def __getitem__(self, i):
+            return (x[i],)
+
+    loader = fl.DataLoader(Rows(), batch_size=1, num_workers=2, prefetch_factor=2)
     it = iter(loader)
     first = next(it)
     pool = it._workers.pool

@@ -118,3 +118,33 @@ class BareTensors(fl.Dataset):
 def test_pin_memory_without_an_accelerator_leaves_tensor_batches_as_they_are():
     batches = list(fl.DataLoader(BareTensors(), batch_size=4, num_workers=2, pin_memory=True))
     assert [b[:, 0].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+@pytest.mark.parametrize("num_workers,method", [(0, "multiprocessing"), (2, "multiprocessing"),
+                                                (2, "thread")])
+def test_array_dataset_of_tensors_gives_torchs_batches(num_workers, method):
+    rng = np.random.default_rng(5)
+    images = torch.from_numpy(rng.standard_normal((37, 3, 4)).astype(np.float32))
+    labels = torch.from_numpy(rng.integers(0, 10, 37))
+    flags = np.arange(37) % 2 == 0  # a numpy column stays numpy
+    ours = fl.ArrayDataset(images, labels, flags)
+    order = rng.permutation(37).tolist()
+    loaders = [
+        fl.DataLoader(ours, batch_size=8, sampler=order, num_workers=num_workers,
+                      worker_method=method),
+        fl.DataLoader(fl.Subset(ours, order), batch_size=8, num_workers=num_workers,
+                      worker_method=method),
+    ]
+    theirs = list(td.DataLoader(td.TensorDataset(images, labels), batch_size=8, sampler=order))
+    for loader in loaders:
+        batches = list(loader)
+        assert len(batches) == len(theirs) == 5
+        for start, ((x, y, flag), (tx, ty)) in zip(range(0, 37, 8), zip(batches, theirs)):
+            assert_tensor_equal(x, tx)
+            assert_tensor_equal(y, ty)
+            assert type(flag) is np.ndarray
+            assert flag.tolist() == [i % 2 == 0 for i in order[start:start + 8]]
+    one = next(iter(fl.DataLoader(ours, batch_size=None, num_workers=num_workers,
+                                  worker_method=method)))
+    assert_tensor_equal(one[0], images[0])
+    assert_tensor_equal(one[1], labels[0])

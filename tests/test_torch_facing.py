@@ -92,8 +92,9 @@ def test_resume_is_exact_or_refused():
     assert indices(resumed) == rest == list(range(4, 22))
     shuffled = flt.DataLoader(Rows(), batch_size=4, shuffle=True)
     next(iter(shuffled))
+    state = shuffled.state_dict()  # frameworks take it whenever there is one
     with pytest.raises(ValueError, match="RandomSampler: it keeps no state"):
-        shuffled.state_dict()
+        flt.DataLoader(Rows(), batch_size=4, shuffle=True).load_state_dict(state)
 
 
 def test_default_collate_and_convert_are_torchs():
@@ -145,13 +146,23 @@ def test_lightnings_own_reinstantiation():
     assert sorted(shares[0] + shares[1]) == list(range(len(dataset)))
 
 
-def test_accelerates_batch_sampler_sharding():
+def test_accelerates_batch_sampler_sharding_with_fastloads_engine_put_back():
     data_loader = pytest.importorskip(
         "accelerate.data_loader", reason="accelerate is not installed (an optional integration test)")
     dataset = Rows()
-    shares = [indices(data_loader.prepare_data_loader(
-        flt.DataLoader(dataset, batch_size=2), num_processes=2, process_index=rank,
-        put_on_device=False)) for rank in range(2)]
+    shares = []
+    for rank in range(2):
+        # even_batches=False: 22 samples are not padded to whole batches per rank.
+        prepared = data_loader.prepare_data_loader(
+            flt.DataLoader(dataset, batch_size=2, num_workers=2), num_processes=2,
+            process_index=rank, put_on_device=False, even_batches=False)
+        assert type(prepared.base_dataloader) is td.DataLoader  # accelerate's own
+        assert flt.use_fastload_engine(prepared) is prepared
+        assert type(prepared.base_dataloader) is flt.DataLoader
+        assert prepared.base_dataloader.num_workers == 2
+        shares.append(indices(prepared))
+        assert prepared.base_dataloader.stats().batches == len(prepared)
+    assert not set(shares[0]) & set(shares[1])
     assert sorted(shares[0] + shares[1]) == list(range(len(dataset)))
 
 

@@ -130,6 +130,16 @@ FASTLOAD_CONTENDERS = ("fastload", "fastload-thread")
 # Contenders that differ from another only with workers (worker threads
 # without workers are fastload's main-process loading): measured with workers only.
 WORKERS_ONLY = ("fastload-thread",)
-# Not a loader: np.copyto of each batch's bytes, the bandwidth ceiling of
-# the bandwidth-bound workloads.
+
+# Not loaders: np.copyto of each batch's bytes, the bandwidth ceiling of
+# the bandwidth-bound workloads; one process's np.take of each batch's rows,
+# the reference for gathering small rows.
 MEMCPY = "memcpy"
+TAKE = "np.take"
+REFERENCES = (MEMCPY, TAKE)
+
+
+def without_workers(contender: str) -> str:
+    """The contender whose 0-worker measurement is ``contender``'s own
+    (worker threads without workers are fastload's main-process loading)."""
+    return "fastload" if contender in WORKERS_ONLY else contender

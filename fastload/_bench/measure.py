@@ -9,8 +9,9 @@ the workload's arrays, then times:
 * the first batch of a new loader, its workers started fresh;
 * every later epoch's first batch, the workers kept (persistent workers);
 * the rate of everything after the first batch, across epochs, until the
-  duration has passed and at least ``NEXT_EPOCHS`` later epochs have begun;
-* with workers, the first batch of ``STEPPING_EPOCHS`` more epochs while the
+  duration has passed and, when the spec asks for ``epochs``, at least
+  ``NEXT_EPOCHS`` later epochs have begun;
+* with ``epochs`` and workers, the first batch of ``STEPPING_EPOCHS`` more epochs while the
   loop steps as a training loop does: after each batch it sleeps (as a loop
   waiting on its accelerator) ``STEP_OVER_INTERVAL`` times the loader's own
   mean batch interval, so that the loader has time to spare. Back to back,
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload._bench.contenders import CONTENDERS, MEMCPY
+from fastload._bench.contenders import CONTENDERS, MEMCPY, TAKE
 from fastload._bench.memory import tree_memory
 from fastload._bench.workloads import WORKLOADS
 
@@ -70,7 +71,7 @@ def tree_memory_now() -> dict[str, int]:
     return {f"baseline_{kind}": size for kind, size in seen.items()}
 
 
-def time_loader(loader: Any, duration: float, stepping: bool) -> dict[str, Any]:
+def time_loader(loader: Any, duration: float, later_epochs: bool, stepping: bool) -> dict[str, Any]:
     started = time.perf_counter()
     batches = iter(loader)
     first = next(batches)
@@ -83,7 +84,7 @@ def time_loader(loader: Any, duration: float, stepping: bool) -> dict[str, Any]:
             samples += batch_samples(batch)
             count += 1
             last = time.perf_counter()
-            if last - first_at >= duration and len(next_epoch) >= NEXT_EPOCHS:
+            if last - first_at >= duration and (not later_epochs or len(next_epoch) >= NEXT_EPOCHS):
                 break
         else:
             begun = time.perf_counter()
@@ -99,7 +100,7 @@ def time_loader(loader: Any, duration: float, stepping: bool) -> dict[str, Any]:
     interval = (last - first_at) / count
     return {
         "first_batch_s": first_at - started,
-        "next_epoch_first_batch_s": statistics.median(next_epoch),
+        "next_epoch_first_batch_s": statistics.median(next_epoch) if next_epoch else None,
         "stepping_next_epoch_first_batch_s": (
             time_stepping_epochs(loader, batches, STEP_OVER_INTERVAL * interval)
             if stepping else None),
@@ -145,14 +146,34 @@ def time_memcpy(arrays: tuple[np.ndarray, ...], size: int, duration: float) -> d
             "bytes_per_sample": sum(t.nbytes for t in targets) / size}
 
 
+def time_take(arrays: tuple[np.ndarray, ...], size: int, duration: float) -> dict[str, Any]:
+    """``array.take(rows, axis=0)`` of every array, for the rows of each batch
+    of shuffled epochs, in this one process: what a loader gathering those
+    rows (an ArrayDataset's batches) does without workers, at numpy's speed."""
+    rng = np.random.default_rng(0)
+    samples = 0
+    began = time.perf_counter()
+    while time.perf_counter() - began < duration:
+        order = rng.permutation(len(arrays[0]))
+        for start in range(0, len(order), size):
+            rows = order[start:start + size]
+            for source in arrays:
+                source.take(rows, axis=0)
+            samples += len(rows)
+    seconds = time.perf_counter() - began
+    return {"samples": samples, "seconds": seconds,
+            "bytes_per_sample": sum(a[:1].nbytes for a in arrays)}
+
+
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Build the workload and time the contender ``spec`` names over it."""
     workload = WORKLOADS[spec["workload"]]
     contender = spec["contender"]
     batch_size = spec.get("batch_size") or workload.batch_size
     arrays = workload.make_arrays()
-    if contender == MEMCPY:
-        result = time_memcpy(arrays, batch_size, spec["duration"])
+    if contender in (MEMCPY, TAKE):
+        timer = time_memcpy if contender == MEMCPY else time_take
+        result = timer(arrays, batch_size, spec["duration"])
         result.update(tree_memory_now())
     else:
         dataset = workload.dataset(contender, arrays)
@@ -160,7 +181,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
                                        workload.collate_fn(contender))
         gc.collect()
         baseline = tree_memory_now()
-        result = time_loader(loader, spec["duration"], stepping=spec["workers"] > 0)
+        epochs = spec.get("epochs", True)
+        result = time_loader(loader, spec["duration"], epochs, stepping=epochs and spec["workers"] > 0)
         result.update(baseline)
         close = getattr(loader, "close", None)
         if close is not None:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 import fastload
-from fastload._bench.contenders import BASELINES, CONTENDERS, MEMCPY, WORKERS_ONLY
+from fastload._bench.contenders import BASELINES, CONTENDERS, REFERENCES, WORKERS_ONLY, without_workers
 from fastload._bench.memory import tree_memory
 from fastload._bench.workloads import WORKLOADS
 
@@ -49,6 +49,25 @@ METRICS = ("samples_per_s", "mb_per_s", "first_batch_s", "next_epoch_first_batch
            "peak_charged", "baseline_charged", "loader_charged")
 
 
+# What `python -m fastload bench` measures unless told otherwise, in about a
+# minute on two idle cores: small rows, where handing a batch over costs
+# more than making it, and decoding JPEG files, where workers pay off; each
+# at 0 and 2 workers, three repeats of half a second (the median of three
+# paired ratios moves by a few per cent from run to run, where one repeat of
+# a second moved by tens), without the later epochs' timings (--epochs),
+# which take whole epochs. The other workloads run with --workloads or --all.
+DEFAULT_WORKLOADS = ["rows", "jpeg"]
+DEFAULT_WORKERS = [0, 2]
+DEFAULT_DURATION = 0.5
+DEFAULT_REPEATS = 3
+
+
+# How to install what a workload needs.
+INSTALL = {"torch": "pip install 'fastload[bench]'", "PIL": "pip install 'fastload[bench]'",
+           "datasets": "pip install 'fastload[frameworks]'",
+           "torchvision": "pip install torchvision, the release made for the installed torch"}
+
+
 @dataclass
 class Plan:
     """What to measure."""
@@ -56,11 +75,13 @@ class Plan:
     workloads: list[str]
     contenders: list[str]
     workers: list[int]
-    duration: float = 1.0
-    repeats: int = 1
+    duration: float = DEFAULT_DURATION
+    repeats: int = DEFAULT_REPEATS
     memory: bool = True
     # None: each workload's own batch size.
     batch_size: int | None = None
+    # Time later epochs' first batches (see fastload._bench.measure).
+    epochs: bool = False
 
     def __post_init__(self) -> None:
         unknown = [w for w in self.workloads if w not in WORKLOADS]
@@ -96,7 +117,7 @@ def environment() -> dict[str, Any]:
         "fastload": fastload.__version__, "machine": platform.machine(),
         "cpus": len(os.sched_getaffinity(0)),
     }
-    for name in ("torch", "psutil"):
+    for name in ("torch", "psutil", "PIL", "datasets", "torchvision"):
         if importlib.util.find_spec(name) is not None:
             found[name] = __import__(name).__version__
     return found
@@ -126,19 +147,22 @@ def schedule(plan: Plan, contenders: list[str]) -> list[dict[str, Any]]:
     cell_number = 0
     for repeat in range(plan.repeats):
         for name in plan.workloads:
-            cells = [(w, [c for c in contenders if w > 0 or c not in WORKERS_ONLY])
+            measured = [c for c in contenders if c not in WORKLOADS[name].without]
+            cells = [(w, [c for c in measured if w > 0 or c not in WORKERS_ONLY])
                      for w in plan.workers]
-            if WORKLOADS[name].bandwidth_bound:
-                cells.append((0, [MEMCPY]))
+            reference = WORKLOADS[name].reference
+            if reference is not None:
+                cells.append((0, [reference]))
             for workers, names in cells:
                 if not names:
                     continue
                 shift = cell_number % len(names)
-                cell_number += 1
+                cell_number += len(names) > 1  # a reference alone does not rotate
                 for contender in names[shift:] + names[:shift]:
                     specs.append({"workload": name, "contender": contender,
                                   "workers": workers, "duration": plan.duration,
-                                  "batch_size": plan.batch_size, "repeat": repeat})
+                                  "batch_size": plan.batch_size, "epochs": plan.epochs,
+                                  "repeat": repeat})
     return specs
 
 
@@ -201,13 +225,15 @@ def run(plan: Plan, progress: Callable[[int, int, str], None] | None = None) -> 
     outcome = Outcome(plan, environment=environment())
     outcome.environment["cpu_capacity_before"] = round(cpu_capacity(), 2)
     contenders = list(plan.contenders)
-    if importlib.util.find_spec("torch") is None:
-        if "torch" in contenders:
-            contenders.remove("torch")
-            outcome.skipped["torch"] = "torch is not installed"
-        for name in [w for w in plan.workloads if WORKLOADS[w].tensors]:
+    if importlib.util.find_spec("torch") is None and "torch" in contenders:
+        contenders.remove("torch")
+        outcome.skipped["torch"] = "torch is not installed"
+    for name in list(plan.workloads):
+        missing = WORKLOADS[name].missing()
+        if missing:
             plan.workloads.remove(name)
-            outcome.skipped[name] = "torch is not installed: its samples are torch tensors"
+            outcome.skipped[name] = "not installed: " + ", ".join(
+                f"{module} ({INSTALL[module]})" for module in missing)
     memory = plan.memory and importlib.util.find_spec("psutil") is not None
     if plan.memory and not memory:
         outcome.skipped["memory"] = "psutil is not installed: peak memory not measured"
@@ -251,7 +277,8 @@ def paired_ratio(measurements: list[dict[str, Any]], numerator: tuple[str, str, 
 def summarize(outcome: Outcome) -> list[dict[str, Any]]:
     """One row per (workload, contender, workers): the medians of every
     metric, the ratio of samples/s to each baseline at the same number of
-    workers, and for bandwidth-bound workloads the share of memcpy's MB/s."""
+    workers and to the same contender without workers, and where the
+    workload has a reference (memcpy, np.take) the share of its MB/s."""
     groups: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
     for m in outcome.measurements:
         groups.setdefault(_key(m), []).append(m)
@@ -262,15 +289,19 @@ def summarize(outcome: Outcome) -> list[dict[str, Any]]:
                                "workers": workers, "repeats": len(group)}
         for metric in METRICS:
             row[metric] = _median([m.get(metric) for m in group])
-        if contender != MEMCPY:
+        if contender not in REFERENCES:
             row["ratios"] = {
                 baseline: paired_ratio(outcome.measurements, key, (workload, baseline, workers))
                 for baseline in BASELINES if baseline != contender}
-            if WORKLOADS[workload].bandwidth_bound:
-                row["memcpy_share"] = paired_ratio(outcome.measurements, key,
-                                                   (workload, MEMCPY, 0), "mb_per_s")
+            row["over_0_workers"] = (paired_ratio(outcome.measurements, key,
+                                                  (workload, without_workers(contender), 0))
+                                     if workers else None)
+            reference = WORKLOADS[workload].reference
+            if reference is not None:
+                row["reference_share"] = paired_ratio(outcome.measurements, key,
+                                                      (workload, reference, 0), "mb_per_s")
         rows.append(row)
-    order = {name: i for i, name in enumerate([*CONTENDERS, MEMCPY])}
+    order = {name: i for i, name in enumerate([*CONTENDERS, *REFERENCES])}
     rows.sort(key=lambda r: (list(WORKLOADS).index(r["workload"]), r["workers"],
                              order[r["contender"]]))
     return rows

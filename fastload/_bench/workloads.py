@@ -1,14 +1,18 @@
-"""The synthetic workloads of the end-to-end benchmark (issue 5).
+"""The workloads of the end-to-end benchmark: synthetic ones (issue 5) and
+real-data ones (issue 16: JPEG files, a Hugging Face table, a torchvision
+pipeline, a 1 GiB memmap), their data generated at start, nothing downloaded.
 
 Each workload makes its source arrays, then the dataset a contender loads
 them through. Every contender does the same work per sample: the array
-workloads index the same arrays, and the augmenting dataset draws its crop
+workloads index the same arrays, and the augmenting datasets draw their crop
 and flip from a generator made per sample, from ``fastload.sample_rng()``
 under fastload and from a numpy Generator seeded by the index elsewhere.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload._bench.contenders import FASTLOAD_CONTENDERS
+from fastload._bench.contenders import FASTLOAD_CONTENDERS, MEMCPY, TAKE
 from fastload._sample_rng import sample_rng
 from fastload.dataset import ArrayDataset
 
@@ -131,6 +135,141 @@ def _ragged_collate(contender: str) -> Any:
     return torch_pad if contender == "torch" else numpy_pad
 
 
+# The JPEG workloads: a folder of JPEG_FILES files, sides drawn from
+# JPEG_SIDES, each decoded, cropped to a random square of at least half its
+# side, resized to JPEG_CROP x JPEG_CROP, flipped half the time and
+# normalised: float32 3x224x224 samples of 588 KiB, the ImageNet recipe,
+# 32 to a batch of 18 MiB. Few files, so an epoch is four batches and the
+# persistent-worker epochs the measurement times cost seconds, not minutes;
+# they stay in the page cache, as a dataset read for a second time does.
+JPEG_FILES = 128
+JPEG_SIDES = (256, 512)
+JPEG_CROP = 224
+
+
+def jpeg_folder() -> str:
+    """The folder of generated JPEG files, written once per machine under the
+    temporary directory (to a temporary name, then renamed, as the memmap)."""
+    folder = os.path.join(tempfile.gettempdir(),
+                          f"fastload-bench-jpeg-{JPEG_FILES}-{JPEG_SIDES[0]}-{JPEG_SIDES[1]}")
+    if os.path.isdir(folder):
+        return folder
+    from PIL import Image
+
+    partial = f"{folder}.{os.getpid()}"
+    os.makedirs(partial, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for number in range(JPEG_FILES):
+        height, width = rng.integers(JPEG_SIDES[0], JPEG_SIDES[1] + 1, size=2)
+        Image.fromarray(_photo_like(rng, int(height), int(width))).save(
+            os.path.join(partial, f"{number:05d}.jpg"), quality=90)
+    try:
+        os.rename(partial, folder)
+    except OSError:  # another bench wrote it meanwhile
+        shutil.rmtree(partial)
+    return folder
+
+
+def _photo_like(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """An RGB image with the structure that makes JPEG work as on photos
+    (smooth gradients, edges of a few shapes, some grain), not noise, which
+    no codec compresses."""
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    colour = rng.uniform(0, 255, (3, 3)).astype(np.float32)
+    image = (colour[:, 0, None, None] * (x / width) + colour[:, 1, None, None] * (y / height)
+             + colour[:, 2, None, None] * 0.5)
+    for _ in range(6):
+        cy, cx, radius = rng.uniform(0, height), rng.uniform(0, width), rng.uniform(20, 120)
+        inside = (y - cy) ** 2 + (x - cx) ** 2 < radius ** 2
+        image[:, inside] = rng.uniform(0, 255, (3, 1))
+    image += rng.normal(0, 6, image.shape).astype(np.float32)
+    return np.clip(image, 0, 255).astype(np.uint8).transpose(1, 2, 0).copy()
+
+
+def _jpeg_files() -> tuple[np.ndarray, ...]:
+    folder = jpeg_folder()
+    paths = np.array(sorted(os.path.join(folder, name) for name in os.listdir(folder)))
+    return paths, _labels(len(paths))
+
+
+class JpegDataset:
+    """JPEG files decoded with Pillow, then numpy augmentation: a random
+    square crop resized to JPEG_CROP (in Pillow, as torchvision's
+    RandomResizedCrop does), a random horizontal flip, normalisation to
+    float32 CHW."""
+
+    def __init__(self, paths: np.ndarray, labels: np.ndarray,
+                 rng_for: Callable[[int], np.random.Generator]) -> None:
+        self.paths = paths
+        self.labels = labels
+        self.rng_for = rng_for
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.int64]:
+        from PIL import Image
+
+        rng = self.rng_for(index)
+        with Image.open(self.paths[index]) as image:
+            image = image.convert("RGB")
+            width, height = image.size
+            side = int(rng.integers(min(width, height) // 2, min(width, height) + 1))
+            left, top = int(rng.integers(0, width - side + 1)), int(rng.integers(0, height - side + 1))
+            crop = np.asarray(image.resize((JPEG_CROP, JPEG_CROP), Image.Resampling.BILINEAR,
+                                           box=(left, top, left + side, top + side)))
+        if rng.random() < 0.5:
+            crop = crop[:, ::-1]
+        chw = crop.transpose(2, 0, 1).astype(np.float32) * np.float32(1 / 255)
+        return (chw - MEAN) / STD, self.labels[index]
+
+
+class TorchvisionJpegDataset:
+    """The torchvision idiom over the same files: ``decode_jpeg`` to a uint8
+    tensor, then ``transforms.v2`` (RandomResizedCrop, RandomHorizontalFlip,
+    ToDtype, Normalize); the same dataset under every contender."""
+
+    def __init__(self, paths: np.ndarray, labels: np.ndarray) -> None:
+        import torch
+        from torchvision.transforms import v2
+
+        self.paths = paths
+        self.labels = labels
+        self.transform = v2.Compose([
+            v2.RandomResizedCrop(JPEG_CROP, antialias=True), v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(MEAN.ravel().tolist(), STD.ravel().tolist())])
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        from torchvision.io import decode_jpeg, read_file
+
+        return self.transform(decode_jpeg(read_file(str(self.paths[index])))), int(self.labels[index])
+
+
+def _hf_table(contender: str, arrays: tuple[np.ndarray, ...]) -> Any:
+    """A Hugging Face ``datasets`` table over the arrays, formatted as torch
+    tensors for torch's loader and numpy arrays for the others, each
+    loader's natural input; rows are fetched through its ``__getitems__``."""
+    import datasets
+
+    features, labels = arrays
+    table = datasets.Dataset.from_dict({"features": features, "label": labels})
+    return table.with_format("torch" if contender == "torch" else "numpy")
+
+
+def _table_rows() -> tuple[np.ndarray, ...]:
+    count = 16384
+    features = np.random.default_rng(0).standard_normal((count, 128), dtype=np.float32)
+    return features, _labels(count)
+
+
+def _fastload_or_index_rng(contender: str) -> Callable[[int], np.random.Generator]:
+    return _fastload_rng if contender in FASTLOAD_CONTENDERS else _index_rng
+
+
 @dataclass(frozen=True)
 class Workload:
     """A benchmark workload: its source arrays and how each contender sees them."""
@@ -147,6 +286,26 @@ class Workload:
     tensors: bool = False
     # Samples of different lengths: each contender's padding collate_fn.
     ragged: bool = False
+    # Beside the loaders, one process's np.take of the same rows (the
+    # reference for a loader gathering small rows of an ArrayDataset).
+    take_reference: bool = False
+    # The modules the workload needs (skipped with a message without them),
+    # and, when its dataset is not made from the flags above, how:
+    # (contender, arrays) -> dataset.
+    needs: tuple[str, ...] = ()
+    make_dataset: Callable[[str, tuple[np.ndarray, ...]], Any] | None = None
+    # Contenders not measured on this workload (the description says why).
+    without: tuple[str, ...] = ()
+
+    @property
+    def reference(self) -> str | None:
+        """The measurement beside the loaders, when there is one: memcpy for
+        a bandwidth-bound workload, np.take for small rows."""
+        return MEMCPY if self.bandwidth_bound else TAKE if self.take_reference else None
+
+    def missing(self) -> list[str]:
+        """The modules this workload needs that are not installed."""
+        return [name for name in self.needs if importlib.util.find_spec(name) is None]
 
     def collate_fn(self, contender: str) -> Any:
         """The collate_fn ``contender`` loads with (None: its default)."""
@@ -155,11 +314,12 @@ class Workload:
     def dataset(self, contender: str, arrays: tuple[np.ndarray, ...]) -> Any:
         """The dataset ``contender`` loads: fastload's ArrayDataset, torch's
         TensorDataset, or the augmenting dataset with the contender's way of
-        drawing per-sample randomness."""
+        drawing per-sample randomness; or what ``make_dataset`` makes."""
+        if self.make_dataset is not None:
+            return self.make_dataset(contender, arrays)
         if self.augment:
             images, labels = arrays
-            return AugmentDataset(images, labels,
-                                  _fastload_rng if contender in FASTLOAD_CONTENDERS else _index_rng)
+            return AugmentDataset(images, labels, _fastload_or_index_rng(contender))
         if self.tensors:
             return TensorImageDataset(*arrays)
         if self.ragged:
@@ -248,18 +408,33 @@ def _memmap() -> tuple[np.ndarray, ...]:
 
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
-    Workload("rows", "65536 rows of 64 float32 + int64 label", 256, _rows),
+    Workload("rows", "65536 rows of 64 float32 + int64 label (an ArrayDataset of small rows)",
+             256, _rows, take_reference=True),
     Workload("images", "4096 uint8 images 3x64x64 + int64 label", 128, _images),
     Workload("augment", "random crop 64 of 72, flip, normalise, per sample in Python", 128,
              _augment_sources, augment=True),
     Workload("large", "128 samples of float32 512x512 (1 MiB)", 32, _large,
              bandwidth_bound=True),
     Workload("tensors", "4096 torch images: uint8 32x32x3 to float32 3x32x32 tensor, "
-             "int label, per sample in Python", 128, _hwc_images, tensors=True),
+             "int label, per sample in Python", 128, _hwc_images, tensors=True, needs=("torch",)),
     Workload("ragged", "8192 int32 token sequences, lognormal lengths (mean 300, max 4096), "
              "padded per batch: fastload.pad_collate against the Python padding collate_fn "
              "of each baseline", 64, _token_sequences, ragged=True),
     Workload("memmap", "np.memmap of 1 GiB on local disk, rows of 1024 float32 + int64 label "
              "(written once under the temporary directory)", 128, _memmap,
              bandwidth_bound=True),
+    Workload("jpeg", f"{JPEG_FILES} JPEG files of {JPEG_SIDES[0]}-{JPEG_SIDES[1]} px (written once "
+             "under the temporary directory), decoded with Pillow, random crop resized to "
+             f"{JPEG_CROP}, flip, normalise to float32 3x{JPEG_CROP}x{JPEG_CROP}", 32, _jpeg_files,
+             needs=("PIL",),
+             make_dataset=lambda contender, arrays: JpegDataset(
+                 arrays[0], arrays[1], _fastload_or_index_rng(contender))),
+    Workload("torchvision", "the jpeg files through torchvision: decode_jpeg, transforms.v2 "
+             "RandomResizedCrop, flip, ToDtype, Normalize, per sample in torch", 32, _jpeg_files,
+             needs=("PIL", "torch", "torchvision"),
+             make_dataset=lambda contender, arrays: TorchvisionJpegDataset(arrays[0], arrays[1])),
+    Workload("hf", "a Hugging Face datasets table, 16384 rows of 128 float32 + int64 label, "
+             "numpy format (torch format for torch's loader); not python-mp, whose forked "
+             "Pool hangs on the table", 256, _table_rows,
+             needs=("datasets",), make_dataset=_hf_table, without=("python-mp",)),
 )}
