@@ -177,6 +177,10 @@ class BaseIter:
                 f"Length of IterableDataset {self._dataset} was reported to be "
                 f"{self._IterableDataset_len_called} (when accessing len(dataloader)), "
                 f"but {self._progress.yielded} samples have been fetched. "
+                "For multiprocessing data-loading, this could be caused by not properly "
+                "configuring the IterableDataset replica at each worker. Please see "
+                "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset "
+                "for examples."
             )
         return data
 

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from fastload import _checkpoint
 from fastload._checkpoint import LoaderState
 from fastload._dispatch import WorkerIter
+from fastload._fetch import describe_indices
 from fastload._iterator import pin_target
 from fastload._process_dispatch import ProcessDispatcher, WorkerSetupFailed
 from fastload._stats import LoaderStats, WorkerStats
@@ -125,11 +126,13 @@ class MultiProcessingIter(WorkerIter):
         fresh worker group at its next iter() (see ``reusable``)."""
         task = self._dispatcher.held_by(worker_id)
         what = ("while idle" if task is None
-                else f"while loading batch {task.position} of the epoch (indices {task.index})")
+                else f"while loading batch {task.position} of the epoch "
+                f"(indices {describe_indices(task.index)})")
         pid, exitcode = process.pid, process.exitcode
         self._stop()
         raise WorkerDiedError(
-            f"DataLoader worker {worker_id} (pid {pid}) {describe_exit(exitcode)} {what}",
+            f"DataLoader worker (pid {pid}) {describe_exit(exitcode)} Worker {worker_id} "
+            f"died {what}",
             worker_id=worker_id, pid=pid, exitcode=exitcode,
             batch=None if task is None else task.position,
             indices=None if task is None else task.index)

@@ -173,6 +173,9 @@ class WorkerGroup:
         self.task_rings = channels.task_rings
         self.sockets = channels.sockets
         self.processes = channels.processes
+        # Kept apart: a shut-down group's processes are closed, and a closed
+        # Process no longer tells its pid.
+        self.pids: list[int] = []
         self.result_rings: list[Ring] = []
         self._finalizer = weakref.finalize(
             self, _shutdown, self.processes, self.task_rings, self.result_rings,
@@ -232,10 +235,7 @@ class WorkerGroup:
         self.result_rings.append(results)
         self.sockets.append(ours)
         self.processes.append(process)
-
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.processes]
+        self.pids.append(process.pid)
 
     def send(self, worker_id: int, message: tuple[Any, ...]) -> None:
         self.channels.send(worker_id, message)
@@ -308,13 +308,15 @@ class WorkerGroupDied(Exception):
 
 
 def describe_exit(exitcode: int) -> str:
+    """How a worker ended, in torch's words for a signal ("is killed by
+    signal: Segmentation fault.") with the signal's name."""
     if exitcode < 0:
         try:
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = f"signal {-exitcode}"
-        return f"was killed by {name}"
-    return f"exited with code {exitcode}"
+        return f"is killed by signal: {signal.strsignal(-exitcode) or name}. ({name})"
+    return f"exited unexpectedly with exit code {exitcode}."
 
 
 def _shutdown(processes: list[Any], task_rings: list[Ring], result_rings: list[Ring],

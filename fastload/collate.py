@@ -97,6 +97,10 @@ def _collate_arrays(batch: Sequence[Any], elem: np.ndarray) -> np.ndarray:
 def _collate_tensors(batch: Sequence[Any], elem: Any) -> Any:
     torch = torch_if_imported()
     assert torch is not None  # a tensor exists, so torch is loaded
+    if getattr(elem, "is_nested", False):
+        raise RuntimeError(  # torch's words
+            "Batches of nested tensors are not currently supported by the default "
+            "collate_fn; please provide a custom collate_fn to handle them appropriately.")
     try:
         return torch.stack(list(batch))
     except RuntimeError:

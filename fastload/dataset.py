@@ -323,9 +323,10 @@ class StackDataset(Dataset[Any]):
 
     def __init__(self, *args: Dataset[Any], **kwargs: Dataset[Any]) -> None:
         if args and kwargs:
-            raise ValueError(
-                "StackDataset takes either positional datasets (tuple samples) or "
-                "keyword datasets (dict samples), but both were given."
+            raise ValueError(  # torch's words, then ours
+                "Supported either ``tuple``- (via ``args``) or``dict``- (via ``kwargs``) "
+                "like input/output, but both types are given: StackDataset takes either "
+                "positional datasets (tuple samples) or keyword datasets (dict samples)."
             )
         if not args and not kwargs:
             raise ValueError("At least one dataset should be passed")

@@ -34,11 +34,13 @@ class WorkerDiedError(FastloadError, RuntimeError):
     ``worker_id``, ``pid``, ``exitcode`` (negative: the signal number, as in
     multiprocessing), ``batch`` (the position in its epoch of the batch the
     worker was loading, counting from 0, or None) and ``indices`` (that
-    batch's dataset indices, or None) say which and how. A RuntimeError, as
-    torch raises in this case."""
+    batch's dataset indices, or None) say which and how (each None when the
+    error is built from a message alone, as torch's ExceptionWrapper does).
+    A RuntimeError, as torch raises in this case."""
 
-    def __init__(self, message: str, *, worker_id: int, pid: int, exitcode: int,
-                 batch: int | None, indices: Any = None) -> None:
+    def __init__(self, message: str, *, worker_id: int | None = None, pid: int | None = None,
+                 exitcode: int | None = None, batch: int | None = None,
+                 indices: Any = None) -> None:
         super().__init__(message)
         self.worker_id = worker_id
         self.pid = pid
@@ -53,7 +55,8 @@ class WorkerDiedError(FastloadError, RuntimeError):
                                        self.batch, self.indices))
 
 
-def _rebuild_worker_died(message: str, worker_id: int, pid: int, exitcode: int,
-                         batch: int | None, indices: Any) -> WorkerDiedError:
+def _rebuild_worker_died(message: str, worker_id: int | None, pid: int | None,
+                         exitcode: int | None, batch: int | None,
+                         indices: Any) -> WorkerDiedError:
     return WorkerDiedError(message, worker_id=worker_id, pid=pid, exitcode=exitcode,
                            batch=batch, indices=indices)

@@ -24,7 +24,7 @@ Importing this module imports torch; ``import fastload`` never does.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.utils.data as _torch_data
@@ -92,12 +92,14 @@ _DEFAULTS = (default_collate, default_convert, _torch_data.default_collate,
              _torch_data.default_convert, _collate.default_collate, _collate.default_convert)
 
 
+T_co = TypeVar("T_co", covariant=True)
+
 _RANDOM_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
 # The key of a state taken with one of those, naming it (see state_dict).
 _STATELESS_SAMPLER = "torch_stateless_sampler"
 
 
-class DataLoader(_torch_data.DataLoader):  # type: ignore[type-arg]
+class DataLoader(_torch_data.DataLoader[T_co]):
     """``torch.utils.data.DataLoader`` in arguments, defaults, errors,
     attributes and ``isinstance``; fastload's engine underneath (see the
     module docstring). Also ``state_dict()``, ``load_state_dict()`` and

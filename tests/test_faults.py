@@ -2,6 +2,7 @@
 what went wrong."""
 import gc
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,9 +75,12 @@ def test_sigkill_of_a_worker_is_reported_within_100ms():
     # The first batch (worker 0) may arrive before the death is noticed.
     elapsed = time.perf_counter() - t0
     message = str(info.value)
-    assert "worker 1" in message and str(victim) in message
+    assert "Worker 1" in message and str(victim) in message
     assert "SIGKILL" in message and "batch 1" in message
+    # torch's words, which torch's own tests match.
+    assert re.search(r"DataLoader worker \(pid \d+\) is killed by signal: ", message)
     assert info.value.pid == victim and info.value.worker_id == 1
+    assert victim in it.worker_pids  # still named after the group shut down
     assert elapsed < 2.0  # the latency itself is checked by the next test, on an idle wait
     del it
     assert not worker_children()
