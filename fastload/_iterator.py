@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload import _checkpoint, _seed
+from fastload import _checkpoint, _datapipes, _seed
 from fastload._checkpoint import LoaderState, Progress, sampler_state
 from fastload._fetch import DatasetKind, create_fetcher
 from fastload._sample_rng import context as sample_context
@@ -203,6 +203,9 @@ class SingleProcessIter(BaseIter):
             )
         self._pin_torch = pin_target(loader)
         self._drawn = self._progress.yielded  # epoch positions drawn so far
+        if _datapipes.is_datapipe(self._dataset):
+            _datapipes.prepare(self._dataset, self._progress.base_seed, self._progress.epoch,
+                               num_workers=0, worker_id=0)
         self._fetcher = create_fetcher(
             self._dataset_kind,
             self._dataset,

@@ -92,7 +92,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from fastload import _checkpoint, _memory
+from fastload import _checkpoint, _datapipes, _memory
 from fastload._checkpoint import LoaderState, WorkerState
 from fastload._dispatch import RoundRobin, WorkerIter, wait_seconds
 from fastload._fast_path import BatchWriter, Write
@@ -219,6 +219,9 @@ class _Worker:
         """A fresh fetcher; with ``resume``, an iterable dataset put where a
         checkpoint left this worker (as a worker process does)."""
         config = self.config
+        if _datapipes.is_datapipe(self.dataset):
+            _datapipes.prepare(self.dataset, config.base_seed, sample_context.epoch,
+                               config.num_workers, self.worker_id)
         self.fetcher = create_fetcher(config.kind, self.dataset, config.auto_collation,
                                       config.collate_fn, config.drop_last)
         self.ended, self.batches_done = False, 0

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload import _checkpoint, _protocol
+from fastload import _checkpoint, _datapipes, _protocol
 from fastload._fast_path import BatchWriter
 from fastload._fetch import DatasetKind, create_fetcher, describe_failure
 from fastload._protocol import (
@@ -112,6 +112,7 @@ class _Worker:
         self.worker_id: int = config["worker_id"]
         self.segments: dict[int, Segment] = {}
         self.dataset = config["dataset"]
+        self.datapipe = _datapipes.is_datapipe(self.dataset)
         self.kind: DatasetKind = config["dataset_kind"]
         self.auto_collation: bool = config["auto_collation"]
         self.collate_fn = config["collate_fn"]
@@ -156,6 +157,9 @@ class _Worker:
         _exit_if_orphaned(self.config["parent_pid"])
 
     def new_fetcher(self) -> None:
+        if self.datapipe:
+            _datapipes.prepare(self.dataset, self.config["base_seed"], sample_context.epoch,
+                               self.config["num_workers"], self.worker_id)
         self.fetcher = create_fetcher(self.kind, self.dataset, self.auto_collation,
                                       self.collate_fn, self.config["drop_last"])
         self.ended = False

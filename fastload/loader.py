@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from fastload import _checkpoint, _seed
+from fastload import _checkpoint, _datapipes, _seed
 from fastload._checkpoint import LoaderState, Progress
 from fastload._fetch import DatasetKind
 from fastload._iterator import BaseIter, SingleProcessIter
@@ -157,6 +157,10 @@ class DataLoader(Generic[T_co]):
                 f"within an epoch), but got snapshot_every_n_steps={snapshot_every_n_steps!r}"
             )
 
+        if _datapipes.is_datapipe(dataset):
+            # torch's rule: a pipe's shufflers follow shuffle (when given).
+            dataset = _datapipes.apply_shuffle(dataset, shuffle)
+            shuffle = None
         self.dataset = dataset
         self.num_workers = num_workers
         self.worker_method = worker_method
