@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from bench_threads import loader_rate  # one definition of a loader's rate
 
 import fastload as fl
 
@@ -83,24 +84,6 @@ def main_loop_cpu(duration: float, clock: Callable[[], float], **kwargs: Any) ->
                     del loader
                     gc.collect()
                     return spent / batches
-
-
-def loader_rate(dataset: Any, batch_size: int, duration: float, **kwargs: Any) -> float:
-    """Samples/s of a persistent shuffled loader over ``duration`` seconds."""
-    loader = fl.DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=0,
-                           persistent_workers=kwargs.get("num_workers", 0) > 0, **kwargs)
-    samples, started, measuring = 0, time.perf_counter(), False
-    while True:
-        for batch in loader:
-            now = time.perf_counter()
-            if not measuring and now - started >= WARMUP_SECONDS:
-                samples, started, measuring = 0, now, True
-            elif measuring:
-                samples += len(batch["y"])
-                if now - started >= duration:
-                    del loader, batch
-                    gc.collect()
-                    return samples / (now - started)
 
 
 def main() -> None:

@@ -49,7 +49,8 @@ WORKLOADS: dict[str, tuple[Callable[[], Any], int]] = {
 
 
 def loader_rate(dataset: Any, batch_size: int, duration: float, **kwargs: Any) -> float:
-    """Samples/s of a persistent loader over ``duration`` seconds, after a warm-up."""
+    """Samples/s of a persistent shuffled loader over ``duration`` seconds, after
+    a warm-up (batches of arrays: a tuple, or a dict)."""
     loader = fl.DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=0,
                            persistent_workers=kwargs.get("num_workers", 0) > 0, **kwargs)
     samples, started, measuring = 0, time.perf_counter(), False
@@ -59,7 +60,8 @@ def loader_rate(dataset: Any, batch_size: int, duration: float, **kwargs: Any) -
             if not measuring and now - started >= WARMUP_SECONDS:
                 samples, started, measuring = 0, now, True
             elif measuring:
-                samples += len(batch[1])
+                samples += len(next(iter(batch.values())) if isinstance(batch, dict)
+                               else batch[0])
                 if now - started >= duration:
                     del loader, batch
                     gc.collect()

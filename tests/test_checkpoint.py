@@ -96,36 +96,34 @@ def test_a_state_missing_fields_or_with_unknown_ones_is_refused_naming_them():
         make_shuffled().load_state_dict(state)
 
 
-def test_a_refused_state_leaves_the_loader_as_it_was():
+def one_batch_in():
+    """A shuffled loader one batch into its epoch, its state, and a new
+    loader that loaded that state."""
     loader = make_shuffled()
     it = iter(loader)
     next(it)
+    state = loader.state_dict()
     resumed = make_shuffled()
-    resumed.load_state_dict(loader.state_dict())
+    resumed.load_state_dict(state)
+    return loader, state, resumed
+
+
+def test_a_refused_state_leaves_the_loader_as_it_was():
+    loader, _, resumed = one_batch_in()
     with pytest.raises(ValueError):
         resumed.load_state_dict({"version": 9})
     assert len(list(resumed)) == len(loader) - 1  # the state loaded before still holds
 
 
 def test_load_state_dict_does_not_keep_the_callers_dict():
-    loader = make_shuffled()
-    it = iter(loader)
-    next(it)
-    state = loader.state_dict()
-    resumed = make_shuffled()
-    resumed.load_state_dict(state)
+    loader, state, resumed = one_batch_in()
     state["yielded"] = 99  # the caller reuses its dict
     assert resumed.state_dict()["yielded"] == 1
     assert len(list(resumed)) == len(loader) - 1
 
 
 def test_an_empty_state_drops_a_pending_one():
-    loader = make_shuffled()
-    it = iter(loader)
-    next(it)
-    state = loader.state_dict()
-    resumed = make_shuffled()
-    resumed.load_state_dict(state)
+    loader, _, resumed = one_batch_in()
     resumed.load_state_dict({})
     assert len(list(resumed)) == len(loader)
 
