@@ -62,13 +62,13 @@ def batch_bytes(batch: Any) -> int:
     return sum(int(leaf.nbytes) for leaf in _leaves(batch))
 
 
-def tree_memory_now() -> dict[str, int]:
-    """This process tree's memory as ``baseline_pss``/``baseline_charged``
+def tree_memory_now(label: str = "baseline") -> dict[str, int]:
+    """This process tree's memory as ``{label}_pss``/``{label}_charged``
     (empty without psutil)."""
     if importlib.util.find_spec("psutil") is None:
         return {}
     seen = tree_memory(os.getpid()) or {}
-    return {f"baseline_{kind}": size for kind, size in seen.items()}
+    return {f"{label}_{kind}": size for kind, size in seen.items()}
 
 
 def time_loader(loader: Any, duration: float, later_epochs: bool, stepping: bool) -> dict[str, Any]:
@@ -183,6 +183,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         baseline = tree_memory_now()
         epochs = spec.get("epochs", True)
         result = time_loader(loader, spec["duration"], epochs, stepping=epochs and spec["workers"] > 0)
+        # The loader at its fullest, untimed: the runner's sampling is sparse.
+        result.update(tree_memory_now("final"))
         result.update(baseline)
         close = getattr(loader, "close", None)
         if close is not None:
