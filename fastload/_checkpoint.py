@@ -29,7 +29,10 @@ received, never what workers prefetched. It is made of:
   sampler's;
 * for a map-style dataset with ``state_dict`` and ``load_state_dict``, its
   state as torchdata keeps it: loaded in the main process, the dataset's at
-  each snapshot, restored before the next batch; loaded by worker processes,
+  each snapshot, restored once the sampler is positioned, then the batches
+  delivered since that snapshot fetched again and dropped (their side
+  effects on the dataset, a random draw per sample say, are then where the
+  saved run had them); loaded by worker processes,
   each replica's, recorded in its worker at the worker's snapshot steps and
   restored into the same worker id, which is why such a state only fits the
   same number of worker processes. Worker threads share the main process's
@@ -63,7 +66,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from fastload import _seed
@@ -395,13 +398,19 @@ def start(loader: Any, state: LoaderState) -> ResumeStart:
     return ResumeStart(None, state.base_seed, replicas)
 
 
-def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any,
-                 map_style: bool) -> tuple[Progress, Iterator[Any]]:
+def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any, map_style: bool,
+                 fetch_again: Callable[[Any], Any] | None) -> tuple[Progress, Iterator[Any]]:
     """Continue the epoch ``state`` describes (the loader's generator was
     restored already): the progress, and the sampler's iterator positioned
     after the delivered batches: the sampler from its snapshot, then the
     batches delivered after it skipped by counting, without fetching them.
-    A map-style dataset's own state (main process) is restored here."""
+    Then, as torchdata does, a map-style dataset's own state (main process)
+    is restored, and the batches delivered after that state are fetched
+    again through ``fetch_again`` and dropped, so that the dataset's side
+    effects (a random draw per sample, say) are where they were. The order
+    matters: a sampler without state (torch's RandomSampler) draws its
+    epoch's seed from the global RNG at its first step, before a dataset's
+    state may set that RNG."""
     progress = Progress(state.epoch, state.base_seed, map_style)  # type: ignore[arg-type]
     progress.yielded = state.yielded
     progress.beyond = dict.fromkeys(
@@ -414,9 +423,6 @@ def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any,
         skip -= progress.sampler_step
     sampler_iter: Iterator[Any] = iter(index_sampler)
     if map_style:
-        if state.dataset is not None:
-            dataset.load_state_dict(state.dataset)
-            progress.dataset, progress.dataset_step = state.dataset, state.dataset_step
         if progress.yielded >= _length_or_none(index_sampler):
             # Every batch was delivered, only the StopIteration was not.
             # A sampler still inside that epoch runs out of its (empty)
@@ -425,8 +431,17 @@ def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any,
                 for _ in sampler_iter:
                     pass
             sampler_iter = iter(())
-        for _ in range(skip):
-            next(sampler_iter, None)
+        skipped = [next(sampler_iter, None) for _ in range(skip)]
+        if state.dataset is not None:
+            dataset.load_state_dict(state.dataset)
+            progress.dataset, progress.dataset_step = state.dataset, state.dataset_step
+            first = progress.yielded - skip  # the position of skipped[0]
+            for position, index in enumerate(skipped, first):
+                if fetch_again is not None and position >= state.dataset_step:
+                    try:
+                        fetch_again(index)
+                    except Exception:
+                        pass  # that batch was delivered as its exception
     return progress, sampler_iter
 
 

@@ -10,6 +10,7 @@ fastload._checkpoint). ``SingleProcessIter`` fetches through a fetcher from
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -104,12 +105,23 @@ class BaseIter:
             self._progress.sampler = sampler_state(self._index_sampler)
         else:
             self._progress, self._sampler_iter = _checkpoint.resume_epoch(
-                resume, self._index_sampler, self._dataset, self._map_style)
+                resume, self._index_sampler, self._dataset, self._map_style,
+                self._fetch_again(loader))
         # Batches an in_order=False loader delivered past its first missing
         # one before the checkpoint: drawn from the sampler, never loaded.
         self._skip = frozenset(self._progress.beyond)
         self._base_seed = self._progress.base_seed
         loader._progress = self._progress
+
+    def _fetch_again(self, loader: Any) -> Callable[[Any], Any] | None:
+        """How a resume fetches a delivered batch again for the side effects
+        on a map-style dataset in this process (see resume_epoch); None
+        where workers hold the dataset's replicas."""
+        if loader.num_workers > 0 and loader.worker_method != "thread":
+            return None
+        fetcher = create_fetcher(self._dataset_kind, self._dataset, self._auto_collation,
+                                 self._collate_fn, self._drop_last)
+        return fetcher.fetch_samples if self._auto_collation else fetcher.fetch
 
     def __iter__(self) -> BaseIter:
         return self

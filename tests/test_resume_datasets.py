@@ -354,3 +354,76 @@ def test_worker_threads_checkpoint_the_map_style_dataset_they_share():
     resumed.load_state_dict(state)
     counts = sorted(row[1] for batch in resumed for row in batch.tolist())
     assert counts == list(range(served + 1, served + 7))  # the two batches left
+
+
+class Drawing(fl.Dataset):
+    """A map-style dataset whose every sample draws from its own generator,
+    which is its state (as torchdata's tests checkpoint torch's RNG)."""
+
+    def __init__(self):
+        self.rng = np.random.default_rng(0)
+
+    def __len__(self):
+        return 30
+
+    def __getitem__(self, i):
+        return np.array([i, self.rng.integers(1000)])
+
+    def state_dict(self):
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state):
+        self.rng.bit_generator.state = state["rng"]
+
+
+@pytest.mark.parametrize("every", [1, 4, 0])
+def test_batches_after_a_dataset_snapshot_are_fetched_again_for_their_side_effects(every):
+    """torchdata's semantics: the dataset's state at its last snapshot, then
+    the batches delivered since fetched again (and dropped), so the draws
+    of the rest of the epoch are the uninterrupted run's."""
+    def make():
+        return fl.DataLoader(Drawing(), batch_size=3, shuffle=True, generator=1,
+                             snapshot_every_n_steps=every)
+
+    full = [b.tolist() for b in make()]
+    loader = make()
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(6)]
+    resumed = make()
+    resumed.load_state_dict(json.loads(json.dumps(loader.state_dict())))
+    assert head + [b.tolist() for b in resumed] == full
+
+
+def test_torchs_random_sampler_resumes_beside_a_dataset_that_sets_torchs_rng():
+    """torch's RandomSampler draws its epoch's seed from torch's global RNG
+    at its first step; a dataset whose state is that RNG is restored after."""
+    torch = pytest.importorskip("torch", reason="torch's RandomSampler and RNG")
+
+    class TorchDrawing(fl.Dataset):
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            return np.array([i, int(torch.randint(1000, ()))])
+
+        def state_dict(self):
+            return {"rng": torch.get_rng_state().tolist()}
+
+        def load_state_dict(self, state):
+            torch.set_rng_state(torch.tensor(state["rng"], dtype=torch.uint8))
+
+    def make():
+        data = TorchDrawing()
+        return fl.DataLoader(data, batch_size=4, sampler=torch.utils.data.RandomSampler(data))
+
+    torch.manual_seed(0)
+    full = [b.tolist() for b in make()]
+    torch.manual_seed(0)
+    loader = make()
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(3)]
+    state = loader.state_dict()
+    torch.manual_seed(0)  # as the saved run started: torch's sampler keeps no state
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + [b.tolist() for b in resumed] == full
