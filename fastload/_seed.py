@@ -88,13 +88,15 @@ def restored_generator(rng: Rng, state: Any) -> Rng:
 
 
 def generator_state(rng: Rng) -> Any:
-    """A picklable snapshot of ``rng``'s state (None for numpy's global RNG,
-    which fastload reads from but never rewinds)."""
+    """A snapshot of ``rng``'s state in plain values, so that a checkpoint
+    holding it is JSON-serialisable (a torch.Generator's state bytes as a
+    list of ints); None for numpy's global RNG, which fastload reads from
+    but never rewinds."""
     if rng is None:
         return None
     if isinstance(rng, np.random.Generator):
         return rng.bit_generator.state
-    return rng.get_state()
+    return rng.get_state().tolist()
 
 
 def set_generator_state(rng: Rng, state: Any) -> None:
@@ -102,8 +104,10 @@ def set_generator_state(rng: Rng, state: Any) -> None:
         return
     if isinstance(rng, np.random.Generator):
         rng.bit_generator.state = state
-    else:
-        rng.set_state(state)
+        return
+    import torch  # a torch.Generator: torch is loaded
+    # A list from generator_state, or the tensor earlier states held.
+    rng.set_state(torch.as_tensor(state, dtype=torch.uint8))
 
 
 def permutation(rng: Rng, n: int) -> np.ndarray:

@@ -101,7 +101,7 @@ class _EpochSampler(Sampler[int]):
     def _chunks(self, token: Any) -> Iterator[Chunk]:
         rng: Any = self._rng
         if is_torch_generator(rng):
-            rng.set_state(token)
+            _seed.set_generator_state(rng, token)
             return self._epoch_chunks(rng)
         return self._epoch_chunks(np.random.default_rng(token))
 
@@ -112,7 +112,7 @@ class _EpochSampler(Sampler[int]):
             token, skip = self._resume
             self._resume = None
         elif is_torch_generator(self._rng):
-            token, skip = self._rng.get_state(), 0  # type: ignore[union-attr]
+            token, skip = _seed.generator_state(self._rng), 0
         else:
             self._rng = _seed.own_generator(self._rng)
             token, skip = _seed.draw_seed(self._rng), 0

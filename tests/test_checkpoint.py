@@ -151,3 +151,21 @@ def test_a_map_style_state_loads_into_any_number_of_workers(saved_with):
         resumed = make(workers, method)
         resumed.load_state_dict(state)
         assert [b[0].tolist() for b in resumed] == rest, (workers, method)
+
+
+def test_a_state_with_a_torch_generator_is_json_and_resumes():
+    torch = pytest.importorskip("torch", reason="a torch.Generator")
+
+    def make():
+        return fl.DataLoader(fl.ArrayDataset(np.arange(30)), batch_size=4, shuffle=True,
+                             generator=torch.Generator().manual_seed(7))
+
+    full = [b[0].tolist() for b in make()] + [b[0].tolist() for b in make()]
+    loader = make()
+    it = iter(loader)
+    head = [next(it)[0].tolist() for _ in range(3)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = [b[0].tolist() for b in resumed]
+    assert head + rest == full[:len(head) + len(rest)]
