@@ -26,7 +26,10 @@ received, never what workers prefetched. It is made of:
   epoch (a state before the first batch holds where the stream starts) and
   after the stream ran out (the dataset has then seen StopIteration: an
   epoch counter moved on), which load_state_dict restores at once, as the
-  sampler's;
+  sampler's; in a worker, a stream's end state is that of what holds it
+  (the dataset, or its stateful iterator), and a persistent worker resumed
+  between epochs loads it into a fresh iterator before the next epoch's,
+  as torchdata does (``resume_ended_replica``);
 * for a map-style dataset with ``state_dict`` and ``load_state_dict``, its
   state as torchdata keeps it: loaded in the main process, the dataset's at
   each snapshot, restored once the sampler is positioned, then the batches
@@ -478,6 +481,15 @@ def resume_replica(fetcher: DatasetFetcher, worker: WorkerState,
     fetcher.restore(worker.state)
     if isinstance(fetcher, IterableDatasetFetcher):
         skip_batches(fetcher, worker.yielded - worker.state_step, batch_size)
+
+
+def resume_ended_replica(fetcher: DatasetFetcher, state: Any) -> None:
+    """A persistent worker resumed between epochs: its replica put where the
+    saved run's was when its stream ran out, as torchdata restores an
+    end-of-epoch state: the state loaded into what keeps it (the dataset, or
+    the iterator ``fetcher`` has just taken from it, whose side effects,
+    a global RNG say, then stand), before the next epoch's iter()."""
+    fetcher.restore(state)
 
 
 def _length_or_none(sampler: Any) -> float:

@@ -189,8 +189,7 @@ class _Worker:
         self.ended = False
         self.batches_done = 0
         self.first_batch = True
-        if start_state is not None:
-            self.dataset.load_state_dict(start_state)
+        self.start_state = start_state
         self.thread = threading.Thread(target=self.run, args=(epoch, resume), daemon=True,
                                        name=f"fastload-worker-{worker_id}")
 
@@ -208,6 +207,9 @@ class _Worker:
                 where = "in worker_init_fn"
                 config.worker_init_fn(worker_id)
             where = "in its task loop"
+            if self.start_state is not None:
+                self.new_fetcher()
+                _checkpoint.resume_ended_replica(self.fetcher, self.start_state)
             self.new_fetcher(resume)
             self.serve()
         except Exception as exc:
@@ -246,7 +248,7 @@ class _Worker:
     def load(self, task_id: int, index: Any, slot: Any) -> None:
         fetcher = self.fetcher
         if self.ended:
-            self.results.put((ENDED, task_id, fetcher.end_state()))
+            self.results.put((ENDED, task_id, fetcher.state()))
             return
         watched = _global_rng_states() if self.first_batch else None
         self.first_batch = False
@@ -257,7 +259,7 @@ class _Worker:
             batch, needed = _batch_in(fast, general, slot)
         except StopIteration:
             self.ended = True
-            self.results.put((ENDED, task_id, fetcher.end_state()))
+            self.results.put((ENDED, task_id, fetcher.state()))
             return
         except Exception as exc:
             # The batch is delivered as its exception; the epoch goes on.

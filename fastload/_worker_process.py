@@ -178,9 +178,8 @@ class _Worker:
     def run(self, resume: dict[str, Any] | None) -> None:
         start_state = self.config["start_state"]
         if start_state is not None:
-            # A run resumed between epochs: this replica's dataset is where
-            # the saved run's was when its stream ran out.
-            self.dataset.load_state_dict(start_state)
+            self.new_fetcher()
+            _checkpoint.resume_ended_replica(self.fetcher, start_state)
         if resume is None:
             self.new_fetcher()
         else:
@@ -223,14 +222,14 @@ class _Worker:
 
     def load(self, task_id: int, index: Any, slot: tuple[int, int, int]) -> None:
         if self.ended:
-            self.reply(ENDED, task_id, self.fetcher.end_state())
+            self.reply(ENDED, task_id, self.fetcher.state())
             return
         started = time.perf_counter()
         try:
             write = self.writer.prepare(self.fetcher, index)
         except StopIteration:
             self.ended = True
-            self.reply(ENDED, task_id, self.fetcher.end_state())
+            self.reply(ENDED, task_id, self.fetcher.state())
             return
         except Exception as exc:
             self.batches_done += 1

@@ -427,3 +427,53 @@ def test_torchs_random_sampler_resumes_beside_a_dataset_that_sets_torchs_rng():
     resumed = make()
     resumed.load_state_dict(state)
     assert head + [b.tolist() for b in resumed] == full
+
+
+class DrawingStream:
+    """An iterator whose samples are draws from torch's global RNG, which it
+    checkpoints (torchdata's test datasets do this)."""
+
+    def __init__(self, torch, values):
+        self.torch, self.values, self.i = torch, values, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.i >= len(self.values):
+            raise StopIteration
+        self.i += 1
+        return self.values[int(self.torch.randint(len(self.values), ()))]
+
+    def state_dict(self):
+        return {"i": self.i, "rng": self.torch.get_rng_state().tolist()}
+
+    def load_state_dict(self, state):
+        self.i = state["i"]
+        self.torch.set_rng_state(self.torch.tensor(state["rng"], dtype=self.torch.uint8))
+
+
+class DrawingShards(fl.IterableDataset):
+    def __iter__(self):
+        import torch
+        info = fl.get_worker_info()
+        return DrawingStream(torch, list(range(info.id * 10, info.id * 10 + 10)))
+
+
+def test_persistent_workers_resumed_after_an_epoch_restore_their_iterators_end():
+    """The end-of-epoch state of a stateful iterator is loaded into a fresh
+    iterator before the next epoch, as torchdata does: its side effects
+    (here torch's RNG in each worker process) then stand."""
+    pytest.importorskip("torch", reason="the stream draws from torch's RNG")
+
+    def make():
+        return fl.DataLoader(DrawingShards(), batch_size=None, num_workers=2,
+                             persistent_workers=True, generator=4)
+
+    loader = make()
+    list(loader)
+    state = loader.state_dict()
+    expected = [int(x) for x in loader]
+    resumed = make()
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    assert [int(x) for x in resumed] == expected
