@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="fastload.torch needs torch installed")
 from torch.utils import data as td  # noqa: E402
 
+import fastload as fl  # noqa: E402
 import fastload.torch as flt  # noqa: E402
 
 from _launch import REPO, clean_env, finish, free_port  # noqa: E402
@@ -200,3 +201,21 @@ def test_an_unsharded_loader_under_torch_distributed_warns_once(tmp_path):
         assert report["sharded"] == 0
         assert len(report["messages"]) == 1, report
         assert "2 ranks" in report["messages"][0] and "DistributedSampler" in report["messages"][0]
+
+
+def test_snapshot_every_n_steps_is_taken_as_torchdata_takes_it_and_survives_recreation():
+    def make(every):
+        rows = Rows()
+        return flt.DataLoader(rows, batch_size=4, snapshot_every_n_steps=every,
+                              sampler=fl.RandomSampler(rows, generator=3))
+
+    full = indices(make(3))
+    loader = make(3)
+    it = iter(loader)
+    head = indices(next(it) for _ in range(4))
+    state = loader.state_dict()
+    assert state["sampler_step"] == 3  # the snapshot of batch 3, not of batch 4
+    resumed = make(3)
+    resumed.load_state_dict(state)
+    assert head + indices(resumed) == full
+    assert recreate_with(loader, None).snapshot_every_n_steps == 3
