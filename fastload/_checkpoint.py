@@ -473,6 +473,16 @@ def worker_states(state: LoaderState | None, num_workers: int,
     return ([WorkerState() for _ in range(num_workers)] if tracked else None), 0
 
 
+def replica_snapshot(fetcher: DatasetFetcher, batches_done: int,
+                     every: int) -> tuple[bool, Any]:
+    """What a worker sends with its batch ``batches_done``: (whether it is a
+    snapshot step, the replica's state then, else None); never with
+    ``snapshot_every_n_steps=0``."""
+    if fetcher.stateful and every > 0 and batches_done % every == 0:
+        return True, fetcher.state()
+    return False, None
+
+
 def resume_replica(fetcher: DatasetFetcher, worker: WorkerState,
                    batch_size: int | None) -> None:
     """Put one worker's replica where a checkpoint left it: its state (after

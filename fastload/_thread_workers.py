@@ -270,9 +270,8 @@ class _Worker:
         if watched is not None and _global_rng_states() != watched:
             self.results.put((GLOBAL_RNG_USED, self.worker_id))
         self.batches_done += 1
-        every = self.config.snapshot_every
-        has_state = fetcher.stateful and every > 0 and self.batches_done % every == 0
-        state = fetcher.state() if has_state else None
+        has_state, state = _checkpoint.replica_snapshot(fetcher, self.batches_done,
+                                                        self.config.snapshot_every)
         self.results.put((DONE, task_id, batch, fetched - started,
                           time.perf_counter() - fetched, has_state, state,
                           getattr(fetcher, "ended", False), needed))

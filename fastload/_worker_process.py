@@ -237,11 +237,8 @@ class _Worker:
             return
         fetched = time.perf_counter()
         self.batches_done += 1
-        state = None
-        every = self.snapshot_every
-        has_state = self.fetcher.stateful and every > 0 and self.batches_done % every == 0
-        if has_state:
-            state = self.fetcher.state()
+        has_state, state = _checkpoint.replica_snapshot(self.fetcher, self.batches_done,
+                                                        self.snapshot_every)
         while True:
             segment_id, offset, capacity = slot
             try:
