@@ -270,8 +270,13 @@ def tracks_replicas(loader: Any) -> bool:
     has them and worker processes load it (NOTE [ Resume contract ])."""
     if loader._dataset_kind is DatasetKind.ITERABLE:
         return True
-    return (loader.num_workers > 0 and loader.worker_method != "thread"
-            and is_stateful(loader.dataset))
+    return replicas_in_workers(loader) and is_stateful(loader.dataset)
+
+
+def replicas_in_workers(loader: Any) -> bool:
+    """Whether worker processes load, each with its own copy of the
+    dataset (worker threads share the main process's)."""
+    return loader.num_workers > 0 and loader.worker_method != "thread"
 
 
 def check_compatible(state: LoaderState, loader: Any) -> None:

@@ -116,8 +116,9 @@ class BaseIter:
     def _fetch_again(self, loader: Any) -> Callable[[Any], Any] | None:
         """How a resume fetches a delivered batch again for the side effects
         on a map-style dataset in this process (see resume_epoch); None
-        where workers hold the dataset's replicas."""
-        if loader.num_workers > 0 and loader.worker_method != "thread":
+        where workers hold the dataset's replicas, and for an iterable
+        dataset, whose fetcher would call iter() on it once more."""
+        if not self._map_style or _checkpoint.replicas_in_workers(loader):
             return None
         fetcher = create_fetcher(self._dataset_kind, self._dataset, self._auto_collation,
                                  self._collate_fn, self._drop_last)

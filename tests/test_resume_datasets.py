@@ -477,3 +477,24 @@ def test_persistent_workers_resumed_after_an_epoch_restore_their_iterators_end()
     resumed = make()
     resumed.load_state_dict(json.loads(json.dumps(state)))
     assert [int(x) for x in resumed] == expected
+
+
+def test_a_resume_calls_iter_on_an_iterable_dataset_once():
+    """As torchdata: one iter() per epoch, resumed or not (a dataset that
+    sets its cursor up in __iter__ must not be iterated twice)."""
+    class Counted(Cursor):
+        calls = 0
+
+        def __iter__(self):
+            Counted.calls += 1
+            return super().__iter__()
+
+    loader = fl.DataLoader(Counted(), batch_size=2)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    resumed = fl.DataLoader(Counted(), batch_size=2)
+    resumed.load_state_dict(state)
+    Counted.calls = 0
+    assert values(resumed) == list(range(2, 10))
+    assert Counted.calls == 1
