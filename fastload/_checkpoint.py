@@ -346,8 +346,7 @@ def capture(loader: Any) -> dict[str, Any]:
         dataset=progress.dataset,
         dataset_step=progress.dataset_step,
         dataset_ended=progress.dataset_ended,
-        workers=(None if progress.workers is None
-                 else [dataclasses.replace(worker) for worker in progress.workers]),
+        workers=progress.workers,  # to_dict turns each into a new dict
         next_worker=progress.next_worker,
     ).to_dict()
 

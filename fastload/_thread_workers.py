@@ -79,7 +79,6 @@ a thread needs no start-up to hide, and the batches are the same either way.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import queue
 import random
@@ -96,7 +95,7 @@ from fastload import _checkpoint, _datapipes, _memory
 from fastload._checkpoint import LoaderState, WorkerState
 from fastload._dispatch import RoundRobin, WorkerIter, wait_seconds
 from fastload._fast_path import BatchWriter, Write
-from fastload._fetch import DatasetKind, create_fetcher, describe_failure
+from fastload._fetch import DatasetKind, create_fetcher, describe_failure, describe_indices
 from fastload._iterator import pin_batch, pin_target
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK
 from fastload._sample_rng import context as sample_context
@@ -332,7 +331,7 @@ class ThreadIter(WorkerIter):
             resume, workers, _checkpoint.tracks_replicas(loader))
         resumed: list[WorkerState | None] = [None] * workers
         if resume is not None and progress.workers is not None:
-            resumed = [dataclasses.replace(worker) for worker in progress.workers]
+            resumed = list(progress.workers)
         config = _Config(loader, self._base_seed)
         self._workers = [
             _Worker(i, config, self._results, progress.epoch, resumed[i],
@@ -453,7 +452,8 @@ class ThreadIter(WorkerIter):
         worker process."""
         held = [task for _, task in sorted(self._table.in_flight.items())
                 if task.worker_id == worker_id]
-        what = "while idle" if not held else f"while loading indices {held[0].index}"
+        what = ("while idle" if not held
+                else f"while loading indices {describe_indices(held[0].index)}")
         self._stop()
         raise WorkerDiedError(f"DataLoader worker thread {worker_id} ended {what}",
                               worker_id=worker_id, pid=os.getpid(), exitcode=0, batch=None,
