@@ -87,10 +87,16 @@ STATE_VERSION = 2
 _VERSION_1_DEFAULTS: dict[str, Any] = {"delivered_beyond": []}
 
 
+def sampler_state_getter(sampler: Any) -> Callable[[], Any] | None:
+    """The sampler's state_dict method, or None for a sampler that keeps none."""
+    getter = getattr(sampler, "state_dict", None)
+    return getter if callable(getter) else None
+
+
 def sampler_state(sampler: Any) -> Any:
     """The sampler's state_dict(), or None for a sampler that keeps none."""
-    getter = getattr(sampler, "state_dict", None)
-    return getter() if callable(getter) else None
+    getter = sampler_state_getter(sampler)
+    return None if getter is None else getter()
 
 
 @dataclasses.dataclass(slots=True)

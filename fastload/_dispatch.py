@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from fastload._checkpoint import LoaderState, Progress, sampler_state
+from fastload._checkpoint import LoaderState, Progress, sampler_state_getter
 from fastload._fetch import DatasetKind
 from fastload._iterator import BaseIter
 from fastload._task_table import TaskTable
@@ -50,7 +50,8 @@ class EpochDraw:
         self._sampler_iter = sampler_iter
         self._skip = skip
         self._drawn = start
-        self._snapshot_sampler = snapshot_sampler
+        # The snapshot sampler's state_dict, looked up once (None: no snapshots).
+        self._sampler_state = sampler_state_getter(snapshot_sampler) if snapshot_every else None
         self._snapshot_every = snapshot_every
         # Whether the sampler ran out: it is not asked again.
         self.done = False
@@ -62,18 +63,17 @@ class EpochDraw:
             return None
         try:
             index = next(self._sampler_iter)
-            while self._drawn in self._skip:
+            while self._skip and self._drawn in self._skip:
                 self._drawn += 1
                 index = next(self._sampler_iter)
         except StopIteration:
             self.done = True
             return None
-        self._drawn += 1
-        snapshot = None
-        every = self._snapshot_every
-        if self._snapshot_sampler is not None and every and self._drawn % every == 0:
-            snapshot = sampler_state(self._snapshot_sampler)
-        return index, self._drawn - 1, snapshot
+        position = self._drawn
+        self._drawn = position + 1
+        if self._sampler_state is not None and (position + 1) % self._snapshot_every == 0:
+            return index, position, self._sampler_state()
+        return index, position, None
 
 
 class RoundRobin:

@@ -151,6 +151,10 @@ class CarriedTasks:
     def __init__(self, tasks: deque[tuple[int, Any, int]] | None = None) -> None:
         self._tasks = tasks if tasks is not None else deque()
 
+    def __bool__(self) -> bool:
+        """Whether any task waits to be adopted."""
+        return bool(self._tasks)
+
     def ids(self) -> set[int]:
         return {task_id for task_id, _, _ in self._tasks}
 

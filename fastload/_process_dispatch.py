@@ -142,7 +142,8 @@ class ProcessDispatcher:
         epoch has no task left. ``stream_ended`` gets each task passed over
         because its worker's iterable stream had run out."""
         deadline = deadline_after(self._timeout)
-        self._settle()
+        if self._needs or self._owed:
+            self._settle()
         table = self.table
         while True:
             found = table.pop_next_batch(self._in_order, stream_ended)
@@ -203,8 +204,10 @@ class ProcessDispatcher:
             return
         index, position, snapshot = drawn
         worker_id = self._round_robin.next_worker(self.table)
-        task_id, dropped = self._carried.adopt(index, worker_id)
-        self.table.abandon(dropped)
+        task_id = None
+        if self._carried:
+            task_id, dropped = self._carried.adopt(index, worker_id)
+            self.table.abandon(dropped)
         if task_id is None:
             lease = lease or self.workers.pool.acquire() or self._acquire_at_cap()
             task_id = self._send_task(worker_id, index, lease, position, snapshot)
@@ -219,19 +222,21 @@ class ProcessDispatcher:
                    snapshot: Any) -> int:
         task = Task(worker_id, index, lease, position, snapshot)
         task_id = self.table.add(task)
-
-        def place_index(index_bytes: bytes) -> tuple[int, int, int]:
-            # An index too large for a record starts the task's slot.
-            if task.lease.capacity < len(index_bytes):
-                task.lease = (self.workers.pool.acquire(len(index_bytes))
-                              or self._acquire_at_cap())
-            with memoryview(task.lease) as slot:
-                slot[:len(index_bytes)] = index_bytes
-            return _slot_of(task.lease)
-
-        self.workers.send_record(
-            worker_id, _protocol.task_message(task_id, index, _slot_of(lease), place_index))
+        data = _protocol.task_message(task_id, index, _slot_of(lease))
+        if data is None:
+            data = self._index_in_slot(task, task_id)
+        self.workers.send_record(worker_id, data)
         return task_id
+
+    def _index_in_slot(self, task: Task, task_id: int) -> bytes:
+        """The record of a task whose index is too large for one: the index
+        starts the task's slot (a bigger one if it must)."""
+        index_bytes = pickle.dumps(task.index, protocol=5)
+        if task.lease.capacity < len(index_bytes):
+            task.lease = self.workers.pool.acquire(len(index_bytes)) or self._acquire_at_cap()
+        with memoryview(task.lease) as slot:
+            slot[:len(index_bytes)] = index_bytes
+        return _protocol.index_in_slot_message(task_id, len(index_bytes), _slot_of(task.lease))
 
     def _start_lookahead(self) -> None:
         """Persistent workers, map-style: guess the next epoch's first

@@ -101,19 +101,18 @@ def task_ring_bytes(prefetch_factor: int) -> int:
     return max(1 << 20, (prefetch_factor + 16) * INLINE_BYTES * 2)
 
 
-def task_message(task_id: int, index: Any, slot: tuple[int, int, int],
-                 place_index: Callable[[bytes], tuple[int, int, int]]) -> bytes:
-    """The record of one task. An index too large for a record is handed
-    to ``place_index``, which writes it at the start of a slot of at least
-    its size and returns that slot."""
+def task_message(task_id: int, index: Any, slot: tuple[int, int, int]) -> bytes | None:
+    """The record of one task; None when its index is too large for a
+    record: the index then starts a slot (``index_in_slot_message``)."""
     data = record.task_record(task_id, index, slot)
     if data is None or len(data) > INLINE_BYTES:
         data = dumps((TASK, task_id, index, slot))
-    if len(data) <= INLINE_BYTES:
-        return data
-    index_bytes = pickle.dumps(index, protocol=5)
-    slot = place_index(index_bytes)
-    return dumps((TASK_INDEX_IN_SLOT, task_id, len(index_bytes), slot))
+    return data if len(data) <= INLINE_BYTES else None
+
+
+def index_in_slot_message(task_id: int, nbytes: int, slot: tuple[int, int, int]) -> bytes:
+    """The record of a task whose pickled index (``nbytes``) starts ``slot``."""
+    return dumps((TASK_INDEX_IN_SLOT, task_id, nbytes, slot))
 
 
 def send_result(put: Callable[[bytes], None], sock: socket.socket,

@@ -131,12 +131,20 @@ class TaskTable:
                        stream_ended: Callable[[Task], None]) -> tuple[Task, Any] | None:
         """``pop_next``'s (task, batch or Failure), passing over the tasks
         whose iterable stream had run out, each handed to ``stream_ended``."""
-        while (found := self.pop_next(in_order)) is not None:
-            _, task, result = found
+        order, ready = self.order, self.ready
+        while True:
+            # The in-order case inlined: every batch passes here (issue 18's
+            # main-loop budget).
+            if in_order and order and order[0] in ready:
+                task, result = ready.pop(order.pop(0))
+            else:
+                found = None if in_order else self.pop_next(in_order)
+                if found is None:
+                    return None
+                _, task, result = found
             if result is not STREAM_ENDED:
                 return task, result
             stream_ended(task)
-        return None
 
     def abandon(self, task_ids: list[int]) -> None:
         """Give tasks up: those in flight become stale (their slots stay

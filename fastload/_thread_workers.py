@@ -399,22 +399,25 @@ class ThreadIter(WorkerIter):
     def _next_data(self) -> Any:
         if not self.reusable:
             raise StopIteration  # the workers were stopped: the epoch ended there
-        deadline = self._deadline()
+        table, progress = self._table, self._progress
+        deadline = waiting = None  # the deadline is set when a wait begins
         while True:
-            next_ready = self._table.pop_next_batch(self._in_order, self._progress.stream_ended)
+            next_ready = table.pop_next_batch(self._in_order, progress.stream_ended)
             if next_ready is not None:
                 task, batch = next_ready
-                self._progress.advance(task)
+                progress.advance(task)
                 self._dispatch()
                 if isinstance(batch, WorkerError):
                     batch.reraise(os.getpid())
                 if self._pin_torch is not None:
                     batch = pin_batch(self._pin_torch, batch)
                 return self._convert(batch)
-            if not self._table.order:
+            if not table.order:
                 if not self._persistent_workers:
                     self._stop()
                 raise StopIteration
+            if waiting is None:
+                deadline, waiting = self._deadline(), True
             self._wait(deadline)
 
     def _wait(self, deadline: float | None) -> None:

@@ -241,7 +241,9 @@ class WorkerGroup:
         self.channels.send(worker_id, message)
 
     def send_record(self, worker_id: int, data: bytes) -> None:
-        self.channels.send_record(worker_id, data)
+        # Every task passes here: the usual case, room on the ring, first.
+        if not self.task_rings[worker_id].try_put(data):
+            self.channels.send_record(worker_id, data)
 
     def next_result(self, worker_id: int) -> tuple[Any, ...] | None:
         """The next message waiting on a worker's result ring (a large one
