@@ -1,6 +1,7 @@
-"""What the two worker iterators (processes and threads) share: drawing the
-next batch of the epoch (``EpochDraw``), choosing the worker that loads it
-(``RoundRobin``), and the deadline of a wait."""
+"""What the two worker iterators (processes and threads) share: choosing
+the worker that loads the next batch (``RoundRobin``), and the deadline of
+a wait. The batches themselves are drawn by ``_iterator.EpochDraw``, as
+without workers."""
 from __future__ import annotations
 
 import itertools
@@ -8,7 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from fastload._checkpoint import LoaderState, Progress, sampler_state_getter
+from fastload._checkpoint import LoaderState, Progress
 from fastload._fetch import DatasetKind
 from fastload._iterator import BaseIter
 from fastload._task_table import TaskTable
@@ -35,45 +36,6 @@ def wait_seconds(deadline: float | None, poll: float, timeout: float) -> float:
     if remaining <= 0:
         raise RuntimeError(f"DataLoader timed out after {timeout} seconds")
     return min(remaining, poll)
-
-
-class EpochDraw:
-    """The batches of one epoch in the index sampler's order, each drawn
-    when its task is sent."""
-
-    def __init__(self, sampler_iter: Iterator[Any], skip: frozenset[int], start: int,
-                 snapshot_sampler: Any, snapshot_every: int) -> None:
-        """``skip``: positions delivered before a checkpoint (see
-        BaseIter._skip); ``start``: the position of the next batch;
-        ``snapshot_sampler``: the sampler whose state a snapshot step
-        records (None: no snapshots, as for an iterable dataset)."""
-        self._sampler_iter = sampler_iter
-        self._skip = skip
-        self._drawn = start
-        # The snapshot sampler's state_dict, looked up once (None: no snapshots).
-        self._sampler_state = sampler_state_getter(snapshot_sampler) if snapshot_every else None
-        self._snapshot_every = snapshot_every
-        # Whether the sampler ran out: it is not asked again.
-        self.done = False
-
-    def next(self) -> tuple[Any, int, Any] | None:
-        """The next batch of the epoch: (index, position, the sampler's state
-        when it is a snapshot step, else None); None once the sampler ran out."""
-        if self.done:
-            return None
-        try:
-            index = next(self._sampler_iter)
-            while self._skip and self._drawn in self._skip:
-                self._drawn += 1
-                index = next(self._sampler_iter)
-        except StopIteration:
-            self.done = True
-            return None
-        position = self._drawn
-        self._drawn = position + 1
-        if self._sampler_state is not None and (position + 1) % self._snapshot_every == 0:
-            return index, position, self._sampler_state()
-        return index, position, None
 
 
 class RoundRobin:
@@ -135,9 +97,3 @@ class WorkerIter(BaseIter):
     def _deadline(self) -> float | None:
         """When a wait that starts now must end (``timeout``), if ever."""
         return deadline_after(self._timeout)
-
-    def _epoch_draw(self) -> EpochDraw:
-        """The draw of the epoch the progress describes, from where it stands."""
-        return EpochDraw(self._sampler_iter, self._skip, self._progress.yielded,
-                         self._index_sampler if self._map_style else None,
-                         self._snapshot_every)

@@ -10,13 +10,13 @@ fastload._checkpoint). ``SingleProcessIter`` fetches through a fetcher from
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from fastload import _checkpoint, _datapipes, _seed
-from fastload._checkpoint import LoaderState, Progress, sampler_state
+from fastload._checkpoint import LoaderState, Progress, sampler_state, sampler_state_getter
 from fastload._fetch import DatasetKind, create_fetcher
 from fastload._sample_rng import context as sample_context
 from fastload._stats import LoaderStats
@@ -66,6 +66,45 @@ def pin_batch(torch: Any, data: Any) -> Any:
     if hasattr(data, "pin_memory"):
         return data.pin_memory()
     return data
+
+
+class EpochDraw:
+    """The batches of one epoch in the index sampler's order, each drawn
+    when its task is sent."""
+
+    def __init__(self, sampler_iter: Iterator[Any], skip: frozenset[int], start: int,
+                 snapshot_sampler: Any, snapshot_every: int) -> None:
+        """``skip``: positions delivered before a checkpoint (see
+        BaseIter._skip); ``start``: the position of the next batch;
+        ``snapshot_sampler``: the sampler whose state a snapshot step
+        records (None: no snapshots, as for an iterable dataset)."""
+        self._sampler_iter = sampler_iter
+        self._skip = skip
+        self._drawn = start
+        # The snapshot sampler's state_dict, looked up once (None: no snapshots).
+        self._sampler_state = sampler_state_getter(snapshot_sampler) if snapshot_every else None
+        self._snapshot_every = snapshot_every
+        # Whether the sampler ran out: it is not asked again.
+        self.done = False
+
+    def next(self) -> tuple[Any, int, Any] | None:
+        """The next batch of the epoch: (index, position, the sampler's state
+        when it is a snapshot step, else None); None once the sampler ran out."""
+        if self.done:
+            return None
+        try:
+            index = next(self._sampler_iter)
+            while self._skip and self._drawn in self._skip:
+                self._drawn += 1
+                index = next(self._sampler_iter)
+        except StopIteration:
+            self.done = True
+            return None
+        position = self._drawn
+        self._drawn = position + 1
+        if self._sampler_state is not None and (position + 1) % self._snapshot_every == 0:
+            return index, position, self._sampler_state()
+        return index, position, None
 
 
 class BaseIter:
@@ -139,6 +178,12 @@ class BaseIter:
 
     def _shutdown(self) -> None:
         """Release what the iterator holds (worker processes, if any)."""
+
+    def _epoch_draw(self) -> EpochDraw:
+        """The draw of the epoch the progress describes, from where it stands."""
+        return EpochDraw(self._sampler_iter, self._skip, self._progress.yielded,
+                         self._index_sampler if self._map_style else None,
+                         self._snapshot_every)
 
     def _snapshot_due(self) -> bool:
         """Whether the batch about to be delivered records a snapshot (never
@@ -215,7 +260,7 @@ class SingleProcessIter(BaseIter):
                 "loading in the main process cannot time out"
             )
         self._pin_torch = pin_target(loader)
-        self._drawn = self._progress.yielded  # epoch positions drawn so far
+        self._draw = self._epoch_draw()
         if _datapipes.is_datapipe(self._dataset):
             _datapipes.prepare(self._dataset, self._progress.base_seed, self._progress.epoch,
                                num_workers=0, worker_id=0)
@@ -247,15 +292,10 @@ class SingleProcessIter(BaseIter):
 
     def _next_data(self) -> Any:
         progress = self._progress
-        index = next(self._sampler_iter)
-        self._drawn += 1
-        while self._drawn - 1 in self._skip:
-            index = next(self._sampler_iter)
-            self._drawn += 1
-        snapshot = self._snapshot_due()
-        if snapshot and self._map_style:
-            progress.sampler = sampler_state(self._index_sampler)
-            progress.sampler_step = progress.yielded + 1
+        drawn = self._draw.next()  # the draw worker iterators make, the same batches
+        if drawn is None:
+            raise StopIteration
+        index, position, sampler_snapshot = drawn
         sample_context.base_seed = progress.base_seed
         sample_context.epoch = progress.epoch
         try:
@@ -265,14 +305,14 @@ class SingleProcessIter(BaseIter):
         except Exception:
             # The batch is delivered as its exception; the epoch goes on
             # after it, whichever iterator loads (NOTE [ Fast paths ]).
-            progress.deliver(progress.yielded, None)
+            progress.deliver(position, sampler_snapshot)
             raise
-        if snapshot and self._fetcher.stateful:
+        if self._fetcher.stateful and self._snapshot_due():
             progress.dataset = self._fetcher.state()
             progress.dataset_step = progress.yielded + 1
         if not self._map_style:
             progress.dataset_ended = self._fetcher.ended  # type: ignore[attr-defined]
-        progress.deliver(progress.yielded, None)
+        progress.deliver(position, sampler_snapshot)
         if self._pin_torch is not None:
             data = pin_batch(self._pin_torch, data)
         return self._convert(data)

@@ -30,14 +30,13 @@ from typing import Any
 
 from fastload import _protocol
 from fastload._dispatch import (
-    EpochDraw,
     RoundRobin,
     deadline_after,
     tasks_in_flight,
     wait_seconds,
 )
 from fastload._fetch import DatasetKind
-from fastload._iterator import Progress
+from fastload._iterator import EpochDraw, Progress
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT
 from fastload._stats import WorkerStats

@@ -187,9 +187,10 @@ def canonical(x):
     return (type(x).__name__, repr(x))
 
 
-def epoch_outcome(loader):
+def epoch_outcome(loader, states=True):
     """Every batch of one epoch in its canonical form, or the type of the
-    exception raised in its place, in order."""
+    exception raised in its place, in order; with ``states``, each followed
+    by the loader's state_dict() and the last by the state at the end."""
     outcome = []
     it = iter(loader)
     while True:
@@ -201,6 +202,10 @@ def epoch_outcome(loader):
             outcome.append(("raised", type(exc).__name__))
         else:
             outcome.append(canonical(batch))
-        if len(outcome) > 200:
+        if states:
+            outcome.append(("state", canonical(loader.state_dict())))
+        if len(outcome) > 400:
             raise AssertionError("the epoch does not end")
+    if states:
+        outcome.append(("state", canonical(loader.state_dict())))
     return outcome

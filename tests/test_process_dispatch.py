@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from fastload._checkpoint import Progress
-from fastload._dispatch import EpochDraw
 from fastload._fetch import DatasetKind
+from fastload._iterator import EpochDraw
 from fastload._process_dispatch import ProcessDispatcher, WorkerSetupFailed
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT, TASK
 from fastload._stats import WorkerStats
