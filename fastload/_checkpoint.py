@@ -57,13 +57,15 @@ received, never what workers prefetched. It is made of:
   as an empty remainder of that epoch, by counting against len(sampler);
 * the base seed and epoch, so worker seeds and ``sample_rng()`` streams are
   the same after a resume, and the loader generator's state, so the epochs
-  after it shuffle as they would have (NOTE [ Determinism contract ]).
+  after it shuffle as they would have (NOTE [ Determinism contract ]); for
+  an ``IterDataPipe``, the seed its shufflers got this epoch (drawn as torch
+  draws it, see fastload._datapipes).
 
 ``LoaderState`` is the state's definition; ``to_dict`` gives plain Python
 and numpy values: picklable, and JSON-serialisable when the samplers' and
-datasets' own states are. Version 1 states (fastload before per-replica
-map-style dataset states) load unchanged: every version-2 field they lack
-has a value that means what version 1 meant.
+datasets' own states are. States of earlier versions (1: before
+out-of-order records; 2: before the DataPipe seed) load unchanged: every
+field they lack gets the value that means what their version meant.
 """
 from __future__ import annotations
 
@@ -81,10 +83,14 @@ from fastload._fetch import (
     skip_batches,
 )
 
-STATE_VERSION = 2
-# Fields a version-1 state may lack, with the value that means what version 1
-# meant: no batch delivered out of order.
-_VERSION_1_DEFAULTS: dict[str, Any] = {"delivered_beyond": []}
+STATE_VERSION = 3
+# Fields an older state lacks, by its version, with the value that means what
+# that version meant: no batch delivered out of order (version 1); no drawn
+# DataPipe seed, the epoch's being derived from the base seed (versions 1, 2).
+_OLDER_DEFAULTS: dict[int, dict[str, Any]] = {
+    1: {"delivered_beyond": [], "datapipe_seed": None},
+    2: {"datapipe_seed": None},
+}
 
 
 def sampler_state_getter(sampler: Any) -> Callable[[], Any] | None:
@@ -132,6 +138,7 @@ class LoaderState:
     dataset_ended: bool
     workers: list[WorkerState] | None
     next_worker: int
+    datapipe_seed: int | None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values (the nested sampler and dataset states are shared,
@@ -143,7 +150,7 @@ class LoaderState:
 
     @classmethod
     def from_dict(cls, state: Any) -> LoaderState:
-        """The typed state of a ``to_dict()`` value (version 1 or 2); raises
+        """The typed state of a ``to_dict()`` value (any version so far); raises
         ValueError saying what is wrong with anything else."""
         if not isinstance(state, dict) or "version" not in state:
             raise ValueError(
@@ -151,11 +158,11 @@ class LoaderState:
                 f"DataLoader.state_dict() returns, got {type(state).__name__}"
                 + ("" if not isinstance(state, dict) else " without a 'version'"))
         version = state["version"]
-        if version not in (1, STATE_VERSION):
+        if version not in (*_OLDER_DEFAULTS, STATE_VERSION):
             raise ValueError(
                 f"cannot load a fastload DataLoader state of version {version!r}: this "
-                f"fastload reads versions 1 and {STATE_VERSION} (a newer fastload wrote it?)")
-        values: dict[str, Any] = dict(_VERSION_1_DEFAULTS) if version == 1 else {}
+                f"fastload reads versions 1 to {STATE_VERSION} (a newer fastload wrote it?)")
+        values: dict[str, Any] = dict(_OLDER_DEFAULTS.get(version, {}))
         values.update((key, value) for key, value in state.items() if key != "version")
         missing = [name for name in _STATE_FIELDS if name not in values]
         unknown = sorted(set(values) - set(_STATE_FIELDS))
@@ -196,6 +203,8 @@ class Progress:
         self.dataset_ended = False
         self.workers: list[WorkerState] | None = None
         self.next_worker = 0
+        # The seed an IterDataPipe's shufflers got this epoch (None: derived).
+        self.datapipe_seed: int | None = None
         # in_order=False: positions delivered past the first one missing,
         # each with the sampler's state recorded when it was drawn (or None).
         # ``yielded`` then counts the contiguous prefix only.
@@ -354,6 +363,7 @@ def capture(loader: Any) -> dict[str, Any]:
         dataset_ended=progress.dataset_ended,
         workers=progress.workers,  # to_dict turns each into a new dict
         next_worker=progress.next_worker,
+        datapipe_seed=progress.datapipe_seed,
     ).to_dict()
 
 
@@ -425,6 +435,7 @@ def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any, map_style
     epoch's seed from the global RNG at its first step, before a dataset's
     state may set that RNG."""
     progress = Progress(state.epoch, state.base_seed, map_style)  # type: ignore[arg-type]
+    progress.datapipe_seed = state.datapipe_seed
     progress.yielded = state.yielded
     progress.beyond = dict.fromkeys(
         position for start_at, stop in state.delivered_beyond

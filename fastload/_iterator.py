@@ -133,15 +133,31 @@ class BaseIter:
         self._map_style = self._dataset_kind is DatasetKind.MAP
         self._stats = LoaderStats()
         self._returned_at: float | None = None
+        seeds_pipe = _datapipes.is_iter_datapipe(self._dataset)
         if resume is None:
-            # Same order as torch: the (lazy) sampler iterator first, then the
-            # seed draw, so a shared torch.Generator advances exactly as in torch.
-            self._sampler_iter = iter(self._index_sampler)
+            # Same order as torch: an IterDataPipe's shared seed, the (lazy)
+            # sampler iterator, then the base seed, and with workers one more
+            # shared seed (their first _reset's, which they never use), so a
+            # shared torch.Generator advances exactly as in torch.
+            pipe_seed = None
             if base_seed is None:
+                if seeds_pipe:
+                    loader._rng = _seed.own_generator(loader._rng)
+                    pipe_seed = _seed.draw_seed(loader._rng)
+                self._sampler_iter = iter(self._index_sampler)
                 loader._rng = _seed.own_generator(loader._rng)
                 base_seed = _seed.draw_seed(loader._rng)
+                if seeds_pipe and self._num_workers > 0:
+                    _seed.draw_seed(loader._rng)
+            else:
+                # The next epoch of a saved run's persistent iterator, which
+                # drew the pipe's seed at its _reset.
+                self._sampler_iter = iter(self._index_sampler)
+                if seeds_pipe:
+                    pipe_seed = _seed.draw_seed(loader._rng)
             self._progress = Progress(loader._epoch, base_seed, self._map_style)
             self._progress.sampler = sampler_state(self._index_sampler)
+            self._progress.datapipe_seed = pipe_seed
         else:
             self._progress, self._sampler_iter = _checkpoint.resume_epoch(
                 resume, self._index_sampler, self._dataset, self._map_style,
@@ -172,6 +188,8 @@ class BaseIter:
         self._sampler_iter = iter(self._index_sampler)
         self._progress = Progress(loader._epoch, self._base_seed, self._map_style)
         self._progress.sampler = sampler_state(self._index_sampler)
+        if _datapipes.is_iter_datapipe(self._dataset):
+            self._progress.datapipe_seed = _seed.draw_seed(loader._rng)  # as torch's _reset
         loader._progress = self._progress
         self._returned_at = None
         self._IterableDataset_len_called = loader._IterableDataset_len_called
@@ -184,6 +202,11 @@ class BaseIter:
         return EpochDraw(self._sampler_iter, self._skip, self._progress.yielded,
                          self._index_sampler if self._map_style else None,
                          self._snapshot_every)
+
+    def _pipe_seed(self) -> int:
+        """The seed of this epoch's DataPipe shufflers (_datapipes.epoch_seed)."""
+        progress = self._progress
+        return _datapipes.epoch_seed(progress.datapipe_seed, progress.base_seed, progress.epoch)
 
     def _snapshot_due(self) -> bool:
         """Whether the batch about to be delivered records a snapshot (never
@@ -262,8 +285,7 @@ class SingleProcessIter(BaseIter):
         self._pin_torch = pin_target(loader)
         self._draw = self._epoch_draw()
         if _datapipes.is_datapipe(self._dataset):
-            _datapipes.prepare(self._dataset, self._progress.base_seed, self._progress.epoch,
-                               num_workers=0, worker_id=0)
+            _datapipes.prepare(self._dataset, self._pipe_seed(), num_workers=0, worker_id=0)
         self._fetcher = create_fetcher(
             self._dataset_kind,
             self._dataset,

@@ -44,8 +44,8 @@ class MultiProcessingIter(WorkerIter):
         progress = self._progress
         progress.workers, progress.next_worker = _checkpoint.worker_states(
             resume, loader.num_workers, _checkpoint.tracks_replicas(loader))
-        self._workers = WorkerGroup(loader, self._base_seed, progress.epoch, progress.workers,
-                                    start_states)
+        self._workers = WorkerGroup(loader, self._base_seed, progress.epoch,
+                                    progress.datapipe_seed, progress.workers, start_states)
         self._dispatcher = ProcessDispatcher(loader, self._workers, self._stats.workers)
         with self._errors_raised():
             self._dispatcher.begin_epoch(self._epoch_draw(), progress)

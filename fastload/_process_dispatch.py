@@ -131,8 +131,8 @@ class ProcessDispatcher:
         while len(table.stale) > self._prefetch:
             self._pump(deadline)
             self._serve_needs(None)
-        if lookahead is None:
-            self.workers.reset(progress.epoch)  # a lookahead sent this already
+        if lookahead is None:  # a lookahead sent this already
+            self.workers.reset(progress.epoch, progress.datapipe_seed)
         self.begin_epoch(draw, progress)
 
     def next_ready(self, stream_ended: Callable[[Task], None]) -> tuple[Task, Any] | None:
@@ -246,7 +246,8 @@ class ProcessDispatcher:
         if not head:
             return
         epoch = self._epoch + 1
-        self.workers.reset(epoch)
+        # Map-style only: no drawn DataPipe seed (_datapipes.epoch_seed).
+        self.workers.reset(epoch, None)
         self._lookahead = LookaheadTasks(epoch, head, self.workers.num_workers)
 
     def _dispatch_lookahead(self) -> None:

@@ -29,8 +29,9 @@ Main process -> worker (task ring):
   (SEGMENT, segment_id, nbytes)    a new pool segment, sent just before on
                                    the worker's Unix socket (shm.send_segments)
   (RETIRE, segment_id)             unmap a segment the pool dropped
-  (RESET, epoch)                   a new epoch with persistent workers: start
-                                   a fresh fetcher (a new dataset iterator)
+  (RESET, epoch, pipe_seed)        a new epoch with persistent workers: start
+                                   a fresh fetcher (a new dataset iterator);
+                                   pipe_seed: its DataPipe seed, or None
 Worker -> main process (result ring):
   (DONE, task_id, layout, fetch_s, collate_s, has_state, state, ended)
                                    the batch is in the task's slot; the

@@ -118,8 +118,9 @@ INITIAL_SLOT_BYTES = 1 << 16
 # batches the training loop holds.
 SLOTS_PER_SEGMENT = 8
 
-# Messages to a worker thread: (TASK, task id, index, epoch, slot), (RESET, epoch),
-# (STOP,); slot: a slab.Lease for a C writer (NOTE [ Thread workers ]), or None.
+# Messages to a worker thread: (TASK, task id, index, epoch, slot), (RESET,
+# epoch, DataPipe seed), (STOP,); slot: a slab.Lease for a C writer (NOTE
+# [ Thread workers ]), or None.
 TASK, RESET, STOP = "task", "reset", "stop"
 # A worker thread's note that the global generators moved during its first
 # batch: (GLOBAL_RNG_USED, worker id).
@@ -173,8 +174,10 @@ class _Worker:
     replica. It holds no reference to the iterator."""
 
     def __init__(self, worker_id: int, config: _Config, results: queue.SimpleQueue[Any],
-                 epoch: int, resume: WorkerState | None, start_state: Any = None) -> None:
-        """``start_state``: the replica's dataset state to start from (a
+                 epoch: int, pipe_seed: int | None, resume: WorkerState | None,
+                 start_state: Any = None) -> None:
+        """``pipe_seed``: the epoch's DataPipe seed (Progress.datapipe_seed);
+        ``start_state``: the replica's dataset state to start from (a
         persistent-workers run resumed between epochs)."""
         self.worker_id = worker_id
         self.config = config
@@ -188,6 +191,7 @@ class _Worker:
         self.ended = False
         self.batches_done = 0
         self.first_batch = True
+        self.pipe_seed = pipe_seed
         self.start_state = start_state
         self.thread = threading.Thread(target=self.run, args=(epoch, resume), daemon=True,
                                        name=f"fastload-worker-{worker_id}")
@@ -221,8 +225,8 @@ class _Worker:
         checkpoint left this worker (as a worker process does)."""
         config = self.config
         if _datapipes.is_datapipe(self.dataset):
-            _datapipes.prepare(self.dataset, config.base_seed, sample_context.epoch,
-                               config.num_workers, self.worker_id)
+            seed = _datapipes.epoch_seed(self.pipe_seed, config.base_seed, sample_context.epoch)
+            _datapipes.prepare(self.dataset, seed, config.num_workers, self.worker_id)
         self.fetcher = create_fetcher(config.kind, self.dataset, config.auto_collation,
                                       config.collate_fn, config.drop_last)
         self.ended, self.batches_done = False, 0
@@ -237,7 +241,7 @@ class _Worker:
             if message[0] == STOP or stop.is_set():
                 return
             if message[0] == RESET:
-                sample_context.epoch = message[1]
+                sample_context.epoch, self.pipe_seed = message[1], message[2]
                 if not self.map_style:
                     self.new_fetcher()
                 continue
@@ -334,7 +338,7 @@ class ThreadIter(WorkerIter):
             resumed = list(progress.workers)
         config = _Config(loader, self._base_seed)
         self._workers = [
-            _Worker(i, config, self._results, progress.epoch, resumed[i],
+            _Worker(i, config, self._results, progress.epoch, progress.datapipe_seed, resumed[i],
                     None if start_states is None else start_states[i])
             for i in range(workers)]
         self._stop_all = weakref.finalize(self, _stop_workers, self._workers, config.stop)
@@ -379,7 +383,7 @@ class ThreadIter(WorkerIter):
         table.abandon([*table.in_flight, *table.ready])
         table.stale.clear()  # their answers are dropped when they arrive
         for worker in self._workers:
-            worker.tasks.put((RESET, self._progress.epoch))
+            worker.tasks.put((RESET, self._progress.epoch, self._progress.datapipe_seed))
         self._begin_epoch()
 
     def _dispatch(self) -> None:

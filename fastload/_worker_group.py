@@ -158,7 +158,7 @@ class WorkerGroup:
     # Every group alive in this process (see _disown_after_fork).
     live: weakref.WeakSet[WorkerGroup] = weakref.WeakSet()
 
-    def __init__(self, loader: Any, base_seed: int, epoch: int,
+    def __init__(self, loader: Any, base_seed: int, epoch: int, pipe_seed: int | None,
                  resume: list[Any] | None, start_states: list[Any] | None = None) -> None:
         context = loader.multiprocessing_context or multiprocessing.get_context()
         _check_children_are_waitable(context)
@@ -201,6 +201,7 @@ class WorkerGroup:
                 "parent_pid": os.getpid(),
                 "parent_death_signal": parent_death and self.method != "forkserver",
                 "epoch": epoch,
+                "pipe_seed": pipe_seed,
                 "batch_size": loader.batch_size,
                 "snapshot_every_n_steps": loader.snapshot_every_n_steps,
                 "resume": None if resume is None else resume[worker_id].as_dict(),
@@ -270,10 +271,11 @@ class WorkerGroup:
     def _death_check(self) -> None:
         self.raise_if_dead()
 
-    def reset(self, epoch: int) -> None:
-        """A new epoch with persistent workers: fresh fetchers everywhere."""
+    def reset(self, epoch: int, pipe_seed: int | None) -> None:
+        """A new epoch with persistent workers: fresh fetchers everywhere
+        (``pipe_seed``: its DataPipe seed, Progress.datapipe_seed)."""
         for worker_id in range(self.num_workers):
-            self.send(worker_id, (RESET, epoch))
+            self.send(worker_id, (RESET, epoch, pipe_seed))
 
     def raise_if_dead(self) -> None:
         self.channels.raise_if_dead()

@@ -122,6 +122,7 @@ class _Worker:
         self.ended = False
         self.snapshot_every: int = config["snapshot_every_n_steps"]
         self.batches_done = 0
+        self.pipe_seed: int | None = config["pipe_seed"]
 
     def reply(self, *message: Any) -> None:
         _protocol.send_result(self.put_result, self.socket, message, self.check_main_reads)
@@ -158,8 +159,9 @@ class _Worker:
 
     def new_fetcher(self) -> None:
         if self.datapipe:
-            _datapipes.prepare(self.dataset, self.config["base_seed"], sample_context.epoch,
-                               self.config["num_workers"], self.worker_id)
+            seed = _datapipes.epoch_seed(self.pipe_seed, self.config["base_seed"],
+                                         sample_context.epoch)
+            _datapipes.prepare(self.dataset, seed, self.config["num_workers"], self.worker_id)
         self.fetcher = create_fetcher(self.kind, self.dataset, self.auto_collation,
                                       self.collate_fn, self.config["drop_last"])
         self.ended = False
@@ -202,7 +204,7 @@ class _Worker:
             elif kind == RETIRE:
                 self.segments.pop(message[1]).close()
             elif kind == RESET:
-                sample_context.epoch = message[1]
+                sample_context.epoch, self.pipe_seed = message[1], message[2]
                 self.new_fetcher()
 
     def index_in_slot(self, slot: tuple[int, int, int], nbytes: int) -> Any:

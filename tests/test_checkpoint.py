@@ -60,17 +60,20 @@ def make_shuffled():
     return fl.DataLoader(fl.ArrayDataset(np.arange(30)), batch_size=4, shuffle=True)
 
 
-def test_a_version_1_state_loads_and_resumes_as_its_version_2_twin():
+def test_states_of_earlier_versions_load_and_resume_as_their_current_twin():
     np.random.seed(0)
     loader = make_shuffled()
     it = iter(loader)
     head = [next(it)[0].tolist() for _ in range(3)]
     state = json.loads(json.dumps(loader.state_dict()))
     rest = [b[0].tolist() for b in it]
-    # What fastload wrote before version 2: no out-of-order record.
-    version_1 = {key: value for key, value in state.items() if key != "delivered_beyond"}
+    # What fastload wrote before version 3: no DataPipe seed; before 2, no
+    # out-of-order record either.
+    version_2 = {key: value for key, value in state.items() if key != "datapipe_seed"}
+    version_2["version"] = 2
+    version_1 = {key: value for key, value in version_2.items() if key != "delivered_beyond"}
     version_1["version"] = 1
-    for saved in (state, version_1):
+    for saved in (state, version_2, version_1):
         resumed = make_shuffled()
         resumed.load_state_dict(saved)
         assert [b[0].tolist() for b in resumed] == rest
@@ -80,7 +83,7 @@ def test_a_version_1_state_loads_and_resumes_as_its_version_2_twin():
 @pytest.mark.parametrize("bad,message", [
     ([1, 2], "expected the dict that DataLoader.state_dict.. returns, got list"),
     ({"epoch": 0}, "without a 'version'"),
-    ({"version": 3}, "version 3: this fastload reads versions 1 and 2"),
+    ({"version": 4}, "version 4: this fastload reads versions 1 to 3"),
     ({"version": "2"}, "version '2'"),
 ])
 def test_what_is_not_a_state_is_refused_saying_why(bad, message):

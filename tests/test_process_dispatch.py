@@ -50,7 +50,7 @@ class ScriptedWorkers:
     def raise_if_dead(self):
         pass
 
-    def reset(self, epoch):
+    def reset(self, epoch, pipe_seed):
         self.sent.append((None, ("reset", epoch)))
 
     def wait(self, seen, timeout):
