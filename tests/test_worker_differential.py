@@ -68,7 +68,7 @@ def compositions(draw):
 
 
 loader_settings = st.fixed_dictionaries({
-    "batch_size": st.integers(1, 6),
+    "batch_size": st.one_of(st.none(), st.integers(1, 6)),  # None: no auto-batching
     "shuffle": st.booleans(),
     "drop_last": st.booleans(),
     "collate": st.sampled_from(["default", "default", "keep", "pad"]),
@@ -78,7 +78,9 @@ loader_settings = st.fixed_dictionaries({
 def outcome(description, options, **extra):
     loader = fl.DataLoader(
         build(description), batch_size=options["batch_size"], shuffle=options["shuffle"],
-        drop_last=options["drop_last"], collate_fn=COLLATE_FNS[options["collate"]],
+        # torch refuses drop_last without a batch size
+        drop_last=options["drop_last"] and options["batch_size"] is not None,
+        collate_fn=COLLATE_FNS[options["collate"]],
         generator=7, **extra)
     return epoch_outcome(loader)
 
