@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -143,7 +144,9 @@ class LoaderState:
     def to_dict(self) -> dict[str, Any]:
         """Plain values (the nested sampler and dataset states are shared,
         not copied)."""
-        fields = {name: getattr(self, name) for name in _STATE_FIELDS}
+        # One attrgetter call, not a getattr per field: frameworks take a
+        # state after every batch (accelerate does).
+        fields = dict(zip(_STATE_FIELDS, _state_values(self)))
         if self.workers is not None:
             fields["workers"] = [worker.as_dict() for worker in self.workers]
         return {"version": STATE_VERSION, **fields}
@@ -178,6 +181,7 @@ class LoaderState:
 
 
 _STATE_FIELDS = tuple(field.name for field in dataclasses.fields(LoaderState))
+_state_values = operator.attrgetter(*_STATE_FIELDS)
 
 
 class Progress:
