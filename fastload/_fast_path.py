@@ -13,15 +13,19 @@ thread (``BatchWriter.plan`` is the decision both take). The writers of ``fastlo
 taken only under default collation and only where they give the same
 batch:
 
-- gather: the dataset's type is exactly ``ArrayDataset``, or exactly
-  ``Subset`` (nested, over integer index arrays) of one, and every array is
-  numeric. ``ArrayDataset.__getitems__`` then gathers one column per array
-  and ``default_collate`` returns the columns as they are; ``gather_into``
-  copies the same rows straight into the slot. A Subset's indices are
-  turned into one array per worker, not per batch. Subclasses may
-  override anything, so they take the general path.
-- columns: the dataset returned a ``GatheredBatch`` (``ConcatDataset`` of
-  ArrayDatasets, say) whose columns are all numeric: copied as they are.
+- gather: the dataset's type is exactly ``ArrayDataset`` (or the
+  ``TensorArrayDataset`` it makes of tensors), or exactly ``Subset``
+  (nested, over integer index arrays) of one, and every array is numeric.
+  ``ArrayDataset.__getitems__`` then gathers one column per array and
+  ``default_collate`` returns the columns as they are; ``gather_into``
+  copies the same rows straight into the slot, and gives the tensor
+  columns back as tensors over it (their rows read through the numpy views
+  the dataset holds). A Subset's indices are turned into one array per
+  worker, not per batch. Subclasses may override anything, so they take
+  the general path.
+- columns: the dataset returned a ``GatheredBatch`` or ``GatheredTensors``
+  (``ConcatDataset`` of ArrayDatasets, say) whose columns are all numeric:
+  copied as they are, tensors staying tensors.
 - collate: any other samples go through ``collate_into``, which mirrors
   ``default_collate`` for arrays, numbers, strings and containers.
 - in place: ``pad_collate`` and ``pack_collate`` run as they are (the same
@@ -30,7 +34,7 @@ batch:
   ``pickle_into`` then names those blocks where they lie instead of copying.
 
 A fast path never decides an outcome it is unsure of: when one raises
-(a leaf it does not handle, such as a torch tensor or an object array;
+(a leaf it does not handle, such as a tensor on a device or an object array;
 samples that disagree; an index out of range), the general path runs on the
 same samples (the dataset is not asked twice), and its batch or its
 exception is the outcome, exactly as in the main process. Only
@@ -47,9 +51,9 @@ import numpy as np
 
 from fastload import ragged
 from fastload._fetch import DatasetFetcher, DatasetKind
-from fastload._gathered import GatheredBatch
+from fastload._gathered import GatheredBatch, GatheredTensors
 from fastload.collate import default_collate, is_stacked_column
-from fastload.dataset import ArrayDataset, Subset
+from fastload.dataset import GATHERED_TYPES, Subset
 from fastload_c import pack
 from fastload_c.pack import SlotTooSmallError
 
@@ -57,12 +61,13 @@ from fastload_c.pack import SlotTooSmallError
 Write = Callable[[Any, int, int], bytes]
 
 
-def _gather_source(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None] | None:
-    """(arrays, row map) when batches of ``dataset`` are rows of numeric
-    arrays at ``row_map[index]`` (no map: at ``index``), else None."""
-    if type(dataset) is ArrayDataset:
+def _gather_source(dataset: Any) -> tuple[tuple[Any, ...], np.ndarray | None] | None:
+    """(columns, row map) when batches of ``dataset`` are rows of numeric
+    arrays or tensors at ``row_map[index]`` (no map: at ``index``), else
+    None."""
+    if type(dataset) in GATHERED_TYPES:
         if all(is_stacked_column(array) for array in dataset.arrays):
-            return dataset.arrays, None
+            return dataset.columns, None
         return None
     if type(dataset) is Subset:
         inner = _gather_source(dataset.dataset)
@@ -86,7 +91,7 @@ class BatchWriter:
                  collate_fn: Callable[[Any], Any]) -> None:
         self._default_collation = auto_collation and collate_fn is default_collate
         self._in_place = auto_collation and ragged.writes_in_place(collate_fn)
-        self._gather: tuple[tuple[np.ndarray, ...], np.ndarray | None] | None = None
+        self._gather: tuple[tuple[Any, ...], np.ndarray | None] | None = None
         if self._default_collation and kind is DatasetKind.MAP:
             try:
                 self._gather = _gather_source(dataset)
@@ -128,7 +133,7 @@ class BatchWriter:
             return (lambda t, o, c: pack.gather_into(arrays, rows, t, o, c),
                     lambda: fetcher.fetch(index))
         samples = fetcher.fetch_samples(index)
-        if type(samples) is GatheredBatch:
+        if type(samples) in (GatheredBatch, GatheredTensors):
             if not all(is_stacked_column(column) for column in samples.columns):
                 batch = fetcher.collate(samples, index)
                 return None, lambda: batch

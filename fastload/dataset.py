@@ -112,6 +112,12 @@ class ArrayDataset(Dataset[tuple[Any, ...]]):
         """The arrays, under the name torch's TensorDataset uses."""
         return self.arrays
 
+    @property
+    def columns(self) -> tuple[Any, ...]:
+        """What a batch's columns are rows of: the arrays here, tensors where
+        a TensorArrayDataset was given tensors (NOTE [ Fast paths ])."""
+        return self.arrays
+
     def __getitem__(self, index: Any) -> tuple[Any, ...]:
         return tuple(array[index] for array in self.arrays)
 
@@ -126,9 +132,9 @@ class TensorArrayDataset(ArrayDataset):
     """What ``ArrayDataset(...)`` makes when some arrays are torch tensors:
     the same rows, as tensors at those positions (as torch's TensorDataset
     gives them), so batches hold tensors there whatever ``num_workers``.
-    Its batches are ``GatheredTensors``, which workers write sample by sample
-    (``collate_into`` marks tensor leaves for unpack) rather than through
-    the gather of numpy-only ArrayDatasets, whose layout holds arrays only."""
+    Its batches are ``GatheredTensors``; workers gather their rows from
+    ``columns`` as for numpy-only ArrayDatasets, and ``gather_into`` gives
+    the tensor columns back as tensors."""
 
     def __init__(self, *arrays: Any) -> None:
         super().__init__(*arrays)
@@ -140,6 +146,10 @@ class TensorArrayDataset(ArrayDataset):
         return tuple(torch.from_numpy(np.asarray(value)) if tensor else value
                      for value, tensor in zip(values, self.tensor_columns))
 
+    @property
+    def columns(self) -> tuple[Any, ...]:
+        return self._as_tensors(self.arrays)
+
     def __getitem__(self, index: Any) -> tuple[Any, ...]:
         return self._as_tensors(super().__getitem__(index))
 
@@ -148,6 +158,10 @@ class TensorArrayDataset(ArrayDataset):
 
 
 TensorDataset = ArrayDataset
+
+# The types whose batches are rows of their arrays, as ArrayDataset's own
+# methods gather them; a subclass may override those, so it is not one.
+GATHERED_TYPES = (ArrayDataset, TensorArrayDataset)
 
 
 def _fetch_many(dataset: Any, indices: np.ndarray | list[Any]) -> Sequence[Any]:
