@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import fastload as fl
+from fastload import _memory
 from fastload_c import pack
 
 torch = pytest.importorskip("torch", reason="tensor datasets need torch installed")
@@ -114,3 +115,9 @@ def test_gather_into_gives_tensor_columns_back_as_tensors():
     single = pack.unpack(out, pack.gather_into(images.permute(2, 1, 0), [1], out))
     assert type(single) is torch.Tensor and torch.equal(single, images.permute(2, 1, 0)[[1]])
 
+
+def test_slots_are_sized_from_a_tensor_dataset_batch():
+    # Gathered whole, a batch's size is known before the first one is made.
+    dataset = fl.ArrayDataset(torch.zeros(8, 3), torch.arange(8))
+    assert _memory.batch_slot_bytes(dataset, 4) == 64 + 4 * 8
+    assert _memory.batch_slot_bytes(fl.Subset(dataset, [1, 2]), 4) == 96
