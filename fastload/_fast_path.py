@@ -14,15 +14,17 @@ taken only under default collation and only where they give the same
 batch:
 
 - gather: the dataset's type is exactly ``ArrayDataset`` (or the
-  ``TensorArrayDataset`` it makes of tensors), or exactly ``Subset``
-  (nested, over integer index arrays) of one, and every array is numeric.
-  ``ArrayDataset.__getitems__`` then gathers one column per array and
-  ``default_collate`` returns the columns as they are; ``gather_into``
-  copies the same rows straight into the slot, and gives the tensor
-  columns back as tensors over it (their rows read through the numpy views
-  the dataset holds). A Subset's indices are turned into one array per
-  worker, not per batch. Subclasses may override anything, so they take
-  the general path.
+  ``TensorArrayDataset`` it makes of tensors) or torch's ``TensorDataset``
+  of CPU tensors, or exactly a ``Subset`` (fastload's or torch's, nested,
+  over integer index arrays) of one, and every column is numeric
+  (``dataset.gathered_columns``). A batch is then one row of each column
+  per index: ``ArrayDataset.__getitems__`` gathers them and
+  ``default_collate`` returns the columns as they are (of a TensorDataset's
+  tuples it stacks the rows, the same bytes). ``gather_into`` copies the
+  same rows straight into the slot, and gives tensor columns back as
+  tensors over it (their rows read through numpy views). A Subset's
+  indices are turned into one array per worker, not per batch. Subclasses
+  may override anything, so they take the general path.
 - columns: the dataset returned a ``GatheredBatch`` or ``GatheredTensors``
   (``ConcatDataset`` of ArrayDatasets, say) whose columns are all numeric:
   copied as they are, tensors staying tensors.
@@ -53,7 +55,7 @@ from fastload import ragged
 from fastload._fetch import DatasetFetcher, DatasetKind
 from fastload._gathered import GatheredBatch, GatheredTensors
 from fastload.collate import default_collate, is_stacked_column
-from fastload.dataset import GATHERED_TYPES, Subset
+from fastload.dataset import gathered_columns, is_plain_subset
 from fastload_c import pack
 from fastload_c.pack import SlotTooSmallError
 
@@ -62,14 +64,10 @@ Write = Callable[[Any, int, int], bytes]
 
 
 def _gather_source(dataset: Any) -> tuple[tuple[Any, ...], np.ndarray | None] | None:
-    """(columns, row map) when batches of ``dataset`` are rows of numeric
-    arrays or tensors at ``row_map[index]`` (no map: at ``index``), else
+    """(columns, row map) when batches of ``dataset`` are rows of
+    ``gathered_columns`` at ``row_map[index]`` (no map: at ``index``), else
     None."""
-    if type(dataset) in GATHERED_TYPES:
-        if all(is_stacked_column(array) for array in dataset.arrays):
-            return dataset.columns, None
-        return None
-    if type(dataset) is Subset:
+    if is_plain_subset(dataset):
         inner = _gather_source(dataset.dataset)
         if inner is None:
             return None
@@ -81,7 +79,8 @@ def _gather_source(dataset: Any) -> tuple[tuple[Any, ...], np.ndarray | None] | 
         if inner_rows is not None:
             rows = inner_rows[rows]  # IndexError: the general path says so
         return arrays, rows
-    return None
+    columns = gathered_columns(dataset)
+    return None if columns is None else (columns, None)
 
 
 class BatchWriter:

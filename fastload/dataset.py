@@ -14,6 +14,7 @@ from fastload import _seed
 from fastload._gathered import GatheredBatch, GatheredTensors, gather
 from fastload._seed import GeneratorArg
 from fastload._torch import is_tensor, torch_data_class, torch_or_none
+from fastload.collate import is_stacked_column
 from fastload.errors import InvalidArgumentError
 
 __all__ = [
@@ -159,9 +160,34 @@ class TensorArrayDataset(ArrayDataset):
 
 TensorDataset = ArrayDataset
 
-# The types whose batches are rows of their arrays, as ArrayDataset's own
-# methods gather them; a subclass may override those, so it is not one.
-GATHERED_TYPES = (ArrayDataset, TensorArrayDataset)
+
+def is_plain_subset(dataset: Any) -> bool:
+    """Whether ``dataset`` is exactly fastload's or torch's ``Subset``, whose
+    sample ``i`` is ``dataset.dataset[dataset.indices[i]]`` (a subclass may
+    override that)."""
+    return type(dataset) is Subset or type(dataset) is torch_data_class("Subset")
+
+
+def gathered_columns(dataset: Any) -> tuple[Any, ...] | None:
+    """The columns whose rows a batch of ``dataset`` is, under any plain
+    Subsets, when a batch is those rows and nothing else: exactly an
+    ``ArrayDataset`` (a subclass may override its methods) or torch's
+    ``TensorDataset`` of CPU tensors numpy can view, every column numeric;
+    tensors where the batch holds tensors. Else None (NOTE [ Fast paths ])."""
+    while is_plain_subset(dataset):
+        dataset = dataset.dataset
+    kind = type(dataset)
+    if kind in (ArrayDataset, TensorArrayDataset):
+        columns, views = dataset.columns, dataset.arrays
+    elif kind is torch_data_class("TensorDataset"):
+        columns = tuple(dataset.tensors)
+        try:
+            views = tuple(tensor.numpy() for tensor in columns)
+        except (TypeError, RuntimeError):  # on a device, needing grad, bfloat16...
+            return None
+    else:
+        return None
+    return columns if all(is_stacked_column(view) for view in views) else None
 
 
 def _fetch_many(dataset: Any, indices: np.ndarray | list[Any]) -> Sequence[Any]:

@@ -1,6 +1,6 @@
-"""An ArrayDataset over torch tensors: workers gather its rows in C
-(NOTE [ Fast paths ]) and the batches are torch's TensorDataset batches,
-tensors included, whatever num_workers."""
+"""An ArrayDataset over torch tensors, and torch's own TensorDataset:
+workers gather their rows in C (NOTE [ Fast paths ]) and the batches are
+torch's TensorDataset batches, tensors included, whatever num_workers."""
 import multiprocessing
 
 import numpy as np
@@ -65,6 +65,9 @@ def test_tensor_array_dataset_gives_torchs_batches(seed, num_workers, method, co
         (fl.DataLoader(ours, batch_size=None, sampler=order[:5], **options),
          td.DataLoader(theirs, batch_size=None, sampler=order[:5])),
     ]
+    # torch's own datasets under fastload's loader (fastload.torch's names).
+    cases.append((fl.DataLoader(td.Subset(theirs, order), batch_size=batch_size, **options),
+                  td.DataLoader(td.Subset(theirs, order), batch_size=batch_size)))
     for loader, reference in cases:
         _assert_same(list(loader), list(reference))
 
@@ -85,7 +88,7 @@ class _GatherSpy:
         return layout
 
 
-@pytest.mark.parametrize("wrapper", [None, "subset", "concat"])
+@pytest.mark.parametrize("wrapper", [None, "subset", "concat", "torch", "torch subset"])
 @pytest.mark.parametrize("num_workers,method,context", WORKERS[1:])
 def test_workers_gather_tensor_columns_in_c(monkeypatch, wrapper, num_workers, method, context):
     # A write that raised would fall back to the general path unseen: only
@@ -94,7 +97,11 @@ def test_workers_gather_tensor_columns_in_c(monkeypatch, wrapper, num_workers, m
     monkeypatch.setattr(pack, "gather_into", spy)
     columns, _ = _tensors(7)
     dataset = fl.ArrayDataset(*columns, np.arange(len(columns[0])))
-    if wrapper == "subset":
+    if wrapper and wrapper.startswith("torch"):
+        dataset = td.TensorDataset(*columns, torch.arange(len(columns[0])))
+    if wrapper == "torch subset":
+        dataset = td.Subset(dataset, list(range(len(columns[0])))[::-1])
+    elif wrapper == "subset":
         dataset = fl.Subset(dataset, list(range(len(columns[0])))[::-1])
     elif wrapper == "concat":  # its batches are the dataset's GatheredTensors
         dataset = fl.ConcatDataset([dataset])
@@ -102,7 +109,17 @@ def test_workers_gather_tensor_columns_in_c(monkeypatch, wrapper, num_workers, m
                                  worker_method=method, multiprocessing_context=context))
     assert spy.count.value == len(batches)
     assert all(type(leaf) is torch.Tensor for batch in batches for leaf in batch[:-1])
-    assert all(type(batch[-1]) is np.ndarray for batch in batches)
+    last = torch.Tensor if wrapper and wrapper.startswith("torch") else np.ndarray
+    assert all(type(batch[-1]) is last for batch in batches)
+
+
+def test_tensors_numpy_cannot_view_take_the_general_path():
+    # Needing grad: torch.stack's batch is part of the graph; no C copy is.
+    weights = torch.ones(6, 2, requires_grad=True)
+    assert _memory.batch_slot_bytes(td.TensorDataset(weights), 2) is None
+    batches = list(fl.DataLoader(td.TensorDataset(weights), batch_size=3, num_workers=2,
+                                 worker_method="thread"))
+    assert all(batch[0].requires_grad for batch in batches)
 
 
 def test_gather_into_gives_tensor_columns_back_as_tensors():
@@ -121,3 +138,5 @@ def test_slots_are_sized_from_a_tensor_dataset_batch():
     dataset = fl.ArrayDataset(torch.zeros(8, 3), torch.arange(8))
     assert _memory.batch_slot_bytes(dataset, 4) == 64 + 4 * 8
     assert _memory.batch_slot_bytes(fl.Subset(dataset, [1, 2]), 4) == 96
+    theirs = td.TensorDataset(torch.zeros(8, 3), torch.arange(8))
+    assert _memory.batch_slot_bytes(td.Subset(theirs, [1, 2]), 4) == 96
