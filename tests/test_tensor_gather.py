@@ -8,6 +8,7 @@ import pytest
 
 import fastload as fl
 from fastload import _memory
+from fastload.dataset import gathered_columns
 from fastload_c import pack
 
 torch = pytest.importorskip("torch", reason="tensor datasets need torch installed")
@@ -140,3 +141,15 @@ def test_slots_are_sized_from_a_tensor_dataset_batch():
     assert _memory.batch_slot_bytes(fl.Subset(dataset, [1, 2]), 4) == 96
     theirs = td.TensorDataset(torch.zeros(8, 3), torch.arange(8))
     assert _memory.batch_slot_bytes(td.Subset(theirs, [1, 2]), 4) == 96
+
+
+def test_the_tensor_rows_workload_measures_an_array_dataset_of_tensors():
+    from fastload._bench import workloads
+
+    workload = workloads.WORKLOADS["tensor-rows"]
+    arrays = workload.make_arrays()
+    ours, theirs = workload.dataset("fastload", arrays), workload.dataset("torch", arrays)
+    assert type(theirs) is td.TensorDataset
+    assert gathered_columns(ours) is not None  # the workers' C gather
+    first = next(iter(fl.DataLoader(ours, batch_size=workload.batch_size, num_workers=2)))
+    _assert_same(first, next(iter(td.DataLoader(theirs, batch_size=workload.batch_size))))
