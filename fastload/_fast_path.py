@@ -13,15 +13,21 @@ thread (``BatchWriter.plan`` is the decision both take). The writers of ``fastlo
 taken only under default collation and only where they give the same
 batch:
 
-- gather: the dataset's type is exactly ``ArrayDataset``, or exactly
-  ``Subset`` (nested, over integer index arrays) of one, and every array is
-  numeric. ``ArrayDataset.__getitems__`` then gathers one column per array
-  and ``default_collate`` returns the columns as they are; ``gather_into``
-  copies the same rows straight into the slot. A Subset's indices are
-  turned into one array per worker, not per batch. Subclasses may
-  override anything, so they take the general path.
-- columns: the dataset returned a ``GatheredBatch`` (``ConcatDataset`` of
-  ArrayDatasets, say) whose columns are all numeric: copied as they are.
+- gather: the dataset's type is exactly ``ArrayDataset`` (or the
+  ``TensorArrayDataset`` it makes of tensors) or torch's ``TensorDataset``
+  of CPU tensors, or exactly a ``Subset`` (fastload's or torch's, nested,
+  over integer index arrays) of one, and every column is numeric
+  (``dataset.gathered_columns``). A batch is then one row of each column
+  per index: ``ArrayDataset.__getitems__`` gathers them and
+  ``default_collate`` returns the columns as they are (of a TensorDataset's
+  tuples it stacks the rows, the same bytes). ``gather_into`` copies the
+  same rows straight into the slot, and gives tensor columns back as
+  tensors over it (their rows read through numpy views). A Subset's
+  indices are turned into one array per worker, not per batch. Subclasses
+  may override anything, so they take the general path.
+- columns: the dataset returned a ``GatheredBatch`` or ``GatheredTensors``
+  (``ConcatDataset`` of ArrayDatasets, say) whose columns are all numeric:
+  copied as they are, tensors staying tensors.
 - collate: any other samples go through ``collate_into``, which mirrors
   ``default_collate`` for arrays, numbers, strings and containers.
 - in place: ``pad_collate`` and ``pack_collate`` run as they are (the same
@@ -30,7 +36,7 @@ batch:
   ``pickle_into`` then names those blocks where they lie instead of copying.
 
 A fast path never decides an outcome it is unsure of: when one raises
-(a leaf it does not handle, such as a torch tensor or an object array;
+(a leaf it does not handle, such as a tensor on a device or an object array;
 samples that disagree; an index out of range), the general path runs on the
 same samples (the dataset is not asked twice), and its batch or its
 exception is the outcome, exactly as in the main process. Only
@@ -47,9 +53,9 @@ import numpy as np
 
 from fastload import ragged
 from fastload._fetch import DatasetFetcher, DatasetKind
-from fastload._gathered import GatheredBatch
+from fastload._gathered import GatheredBatch, GatheredTensors
 from fastload.collate import default_collate, is_stacked_column
-from fastload.dataset import ArrayDataset, Subset
+from fastload.dataset import gathered_columns, is_plain_subset
 from fastload_c import pack
 from fastload_c.pack import SlotTooSmallError
 
@@ -57,14 +63,11 @@ from fastload_c.pack import SlotTooSmallError
 Write = Callable[[Any, int, int], bytes]
 
 
-def _gather_source(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | None] | None:
-    """(arrays, row map) when batches of ``dataset`` are rows of numeric
-    arrays at ``row_map[index]`` (no map: at ``index``), else None."""
-    if type(dataset) is ArrayDataset:
-        if all(is_stacked_column(array) for array in dataset.arrays):
-            return dataset.arrays, None
-        return None
-    if type(dataset) is Subset:
+def _gather_source(dataset: Any) -> tuple[tuple[Any, ...], np.ndarray | None] | None:
+    """(columns, row map) when batches of ``dataset`` are rows of
+    ``gathered_columns`` at ``row_map[index]`` (no map: at ``index``), else
+    None."""
+    if is_plain_subset(dataset):
         inner = _gather_source(dataset.dataset)
         if inner is None:
             return None
@@ -76,7 +79,8 @@ def _gather_source(dataset: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray | N
         if inner_rows is not None:
             rows = inner_rows[rows]  # IndexError: the general path says so
         return arrays, rows
-    return None
+    columns = gathered_columns(dataset)
+    return None if columns is None else (columns, None)
 
 
 class BatchWriter:
@@ -86,7 +90,7 @@ class BatchWriter:
                  collate_fn: Callable[[Any], Any]) -> None:
         self._default_collation = auto_collation and collate_fn is default_collate
         self._in_place = auto_collation and ragged.writes_in_place(collate_fn)
-        self._gather: tuple[tuple[np.ndarray, ...], np.ndarray | None] | None = None
+        self._gather: tuple[tuple[Any, ...], np.ndarray | None] | None = None
         if self._default_collation and kind is DatasetKind.MAP:
             try:
                 self._gather = _gather_source(dataset)
@@ -128,7 +132,7 @@ class BatchWriter:
             return (lambda t, o, c: pack.gather_into(arrays, rows, t, o, c),
                     lambda: fetcher.fetch(index))
         samples = fetcher.fetch_samples(index)
-        if type(samples) is GatheredBatch:
+        if type(samples) in (GatheredBatch, GatheredTensors):
             if not all(is_stacked_column(column) for column in samples.columns):
                 batch = fetcher.collate(samples, index)
                 return None, lambda: batch

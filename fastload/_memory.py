@@ -14,8 +14,7 @@ import sys
 import warnings
 from typing import Any, Callable, Optional
 
-from fastload.collate import is_stacked_column
-from fastload.dataset import ArrayDataset, Subset
+from fastload.dataset import gathered_columns
 from fastload_c import shm
 from fastload_c.errors import ShmError
 from fastload_c.slab import SlabPool
@@ -168,19 +167,18 @@ _SLOT_ALIGN = 64
 
 def batch_slot_bytes(dataset: Any, batch_size: Optional[int]) -> Optional[int]:
     """The bytes a full batch of ``dataset`` takes in a slot, where that is
-    known before any batch is made: rows of a numeric ``ArrayDataset`` (or
-    a ``Subset`` of one), which workers gather whole into their slot. A pool
+    known before any batch is made: rows of ``gathered_columns`` (a
+    numeric ``ArrayDataset``, say), which workers gather whole into their
+    slot. A pool
     whose first slots are that size never grows them, and so never adds the
     eighth of headroom a grown slot gets for batches that vary. None
     elsewhere: the first batch that needs more raises the size."""
-    while type(dataset) is Subset:
-        dataset = dataset.dataset
-    if (type(dataset) is not ArrayDataset or not batch_size
-            or not all(is_stacked_column(array) for array in dataset.arrays)):
+    columns = gathered_columns(dataset)
+    if columns is None or not batch_size:
         return None
     size = 0
-    for array in dataset.arrays:
-        size = -(-size // _SLOT_ALIGN) * _SLOT_ALIGN + batch_size * array[:1].nbytes
+    for column in columns:
+        size = -(-size // _SLOT_ALIGN) * _SLOT_ALIGN + batch_size * column[:1].nbytes
     return size
 
 

@@ -14,6 +14,7 @@ from fastload import _seed
 from fastload._gathered import GatheredBatch, GatheredTensors, gather
 from fastload._seed import GeneratorArg
 from fastload._torch import is_tensor, torch_data_class, torch_or_none
+from fastload.collate import is_stacked_column
 from fastload.errors import InvalidArgumentError
 
 __all__ = [
@@ -112,6 +113,12 @@ class ArrayDataset(Dataset[tuple[Any, ...]]):
         """The arrays, under the name torch's TensorDataset uses."""
         return self.arrays
 
+    @property
+    def columns(self) -> tuple[Any, ...]:
+        """What a batch's columns are rows of: the arrays here, tensors where
+        a TensorArrayDataset was given tensors (NOTE [ Fast paths ])."""
+        return self.arrays
+
     def __getitem__(self, index: Any) -> tuple[Any, ...]:
         return tuple(array[index] for array in self.arrays)
 
@@ -126,9 +133,9 @@ class TensorArrayDataset(ArrayDataset):
     """What ``ArrayDataset(...)`` makes when some arrays are torch tensors:
     the same rows, as tensors at those positions (as torch's TensorDataset
     gives them), so batches hold tensors there whatever ``num_workers``.
-    Its batches are ``GatheredTensors``, which workers write sample by sample
-    (``collate_into`` marks tensor leaves for unpack) rather than through
-    the gather of numpy-only ArrayDatasets, whose layout holds arrays only."""
+    Its batches are ``GatheredTensors``; workers gather their rows from
+    ``columns`` as for numpy-only ArrayDatasets, and ``gather_into`` gives
+    the tensor columns back as tensors."""
 
     def __init__(self, *arrays: Any) -> None:
         super().__init__(*arrays)
@@ -140,6 +147,10 @@ class TensorArrayDataset(ArrayDataset):
         return tuple(torch.from_numpy(np.asarray(value)) if tensor else value
                      for value, tensor in zip(values, self.tensor_columns))
 
+    @property
+    def columns(self) -> tuple[Any, ...]:
+        return self._as_tensors(self.arrays)
+
     def __getitem__(self, index: Any) -> tuple[Any, ...]:
         return self._as_tensors(super().__getitem__(index))
 
@@ -148,6 +159,35 @@ class TensorArrayDataset(ArrayDataset):
 
 
 TensorDataset = ArrayDataset
+
+
+def is_plain_subset(dataset: Any) -> bool:
+    """Whether ``dataset`` is exactly fastload's or torch's ``Subset``, whose
+    sample ``i`` is ``dataset.dataset[dataset.indices[i]]`` (a subclass may
+    override that)."""
+    return type(dataset) is Subset or type(dataset) is torch_data_class("Subset")
+
+
+def gathered_columns(dataset: Any) -> tuple[Any, ...] | None:
+    """The columns whose rows a batch of ``dataset`` is, under any plain
+    Subsets, when a batch is those rows and nothing else: exactly an
+    ``ArrayDataset`` (a subclass may override its methods) or torch's
+    ``TensorDataset`` of CPU tensors numpy can view, every column numeric;
+    tensors where the batch holds tensors. Else None (NOTE [ Fast paths ])."""
+    while is_plain_subset(dataset):
+        dataset = dataset.dataset
+    kind = type(dataset)
+    if kind in (ArrayDataset, TensorArrayDataset):
+        columns, views = dataset.columns, dataset.arrays
+    elif kind is torch_data_class("TensorDataset"):
+        columns = tuple(dataset.tensors)
+        try:
+            views = tuple(tensor.numpy() for tensor in columns)
+        except (TypeError, RuntimeError):  # on a device, needing grad, bfloat16...
+            return None
+    else:
+        return None
+    return columns if all(is_stacked_column(view) for view in views) else None
 
 
 def _fetch_many(dataset: Any, indices: np.ndarray | list[Any]) -> Sequence[Any]:

@@ -12,13 +12,22 @@ def gather_into(columns, indices, target, Py_ssize_t offset=0, Py_ssize_t capaci
 
     ``columns`` is one array (the batch is one array) or a sequence of arrays
     (the batch is a list, as default_collate makes of tuple samples). Each
-    result equals numpy fancy indexing, dtype included. Indices are 1-d ints;
+    result equals numpy fancy indexing, dtype included. A column may be a
+    torch tensor numpy can view (CPU, no grad): its rows are read through
+    that view and its result is a tensor over the slot, as ``col[indices]``
+    of the tensor. Indices are 1-d ints;
     negative ones count from the end, out-of-range ones raise IndexError
     naming the index and the size. One C call per column, GIL released.
     Returns the layout for unpack; SlotTooSmallError when it does not fit.
     """
-    cdef bint single = cnp.PyArray_Check(columns)
-    cdef tuple cols = (columns,) if single else tuple(columns)
+    cdef bint single = cnp.PyArray_Check(columns) or _is_tensor(columns)
+    cdef tuple given_cols = (columns,) if single else tuple(columns)
+    # Which results are tensors; the rows are copied from numpy views.
+    cdef tuple tensors = tuple([_is_tensor(col_obj) for col_obj in given_cols])
+    cdef tuple cols = given_cols
+    if any(tensors):
+        cols = tuple([_tensor_as_array(col_obj) if tensor else col_obj
+                      for col_obj, tensor in zip(given_cols, tensors)])
     cdef cnp.ndarray given = _index_array(indices)
     cdef cnp.ndarray idx = given
     cdef Py_ssize_t n = cnp.PyArray_DIMS(given)[0], c, ncols = len(cols)
@@ -26,17 +35,18 @@ def gather_into(columns, indices, target, Py_ssize_t offset=0, Py_ssize_t capaci
     cdef cnp.ndarray col
     for col_obj in cols:
         if not cnp.PyArray_Check(col_obj):
-            raise TypeError("gather_into: columns must be numpy arrays, got {}"
+            raise TypeError("gather_into: columns must be numpy arrays or tensors, got {}"
                             .format(type(col_obj)))
         if cnp.PyArray_NDIM(<cnp.ndarray>col_obj) == 0:
             raise IndexError("gather_into: cannot index a 0-dimensional array")
         if (<cnp.ndarray>col_obj).dtype.hasobject:
             raise TypeError("gather_into: cannot place {} in shared memory: it holds Python "
                             "objects".format((<cnp.ndarray>col_obj).dtype))
-    cdef tuple key = (single, n) + tuple([(col_obj.dtype, col_obj.shape[1:]) for col_obj in cols])
+    cdef tuple key = (single, n, tensors) + tuple([(col_obj.dtype, col_obj.shape[1:])
+                                                   for col_obj in cols])
     entry = _gather_layouts.get(key)
     if entry is None:
-        entry = _gather_layout(cols, n, single)
+        entry = _gather_layout(cols, n, single, tensors)
         if len(_gather_layouts) >= 64:
             _gather_layouts.clear()
         _gather_layouts[key] = entry
@@ -122,15 +132,15 @@ cdef int _rows_contiguous(cnp.ndarray col) noexcept:
     return 1
 
 
-cdef tuple _gather_layout(tuple cols, Py_ssize_t n, bint single):
+cdef tuple _gather_layout(tuple cols, Py_ssize_t n, bint single, tuple tensors):
     cdef size_t off = 0, row
     offsets = []
     nodes = []
-    for col in cols:
+    for col, tensor in zip(cols, tensors):
         off = fl_align_up(off, FL_ALIGN)
         offsets.append(off)
         shape = (n,) + col.shape[1:]
-        nodes.append(("a", off, col.dtype, shape, False))
+        nodes.append(("a", off, col.dtype, shape, tensor))
         row = col.dtype.itemsize
         for d in col.shape[1:]:
             row *= <size_t>d

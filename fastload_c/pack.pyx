@@ -43,9 +43,10 @@ A layout is ``pickle.dumps(message, 5)`` with message one of
 and node one of
 
     ("a", offset, dtype, shape, tensor)  C-contiguous array at slot offset;
-                                         tensor: the samples held torch
-                                         tensors there, so the batch holds
-                                         torch.from_numpy of the view
+                                         tensor: the samples (or gathered
+                                         columns) held torch tensors there,
+                                         so the batch holds torch.from_numpy
+                                         of the view
     ("l", (node, ...))                   list
     ("t", type, (node, ...))             namedtuple: type(*items)
     ("m", type, keys, (node, ...), template)

@@ -90,3 +90,24 @@ def test_the_pool_of_an_array_dataset_starts_with_slots_of_one_batch():
     pool = it._workers.pool
     assert pool.slot_size == 4 << 20  # exactly one batch: never grown, no headroom
     assert all(size == pool.slot_size for _, _, size, _ in pool.segments)
+
+
+def test_torchvision_samples_come_out_as_torchs_batches(jpeg_files):
+    pytest.importorskip("torchvision", reason="the torchvision workload needs torchvision")
+    import torch
+    from torch.utils import data as td
+
+    workload = workloads.WORKLOADS["torchvision"]
+    arrays = workload.make_arrays()
+    shape = (3, 3, workloads.JPEG_CROP, workloads.JPEG_CROP)
+    # The crops are drawn from torch's generator, seeded per worker: the
+    # leaves' types, shapes, dtypes and labels are what every loader agrees on.
+    theirs = list(td.DataLoader(workload.dataset("torch", arrays), batch_size=3))
+    for workers, method in ((0, "multiprocessing"), (2, "multiprocessing"), (2, "thread")):
+        ours = list(fl.DataLoader(workload.dataset("fastload", arrays), batch_size=3,
+                                  num_workers=workers, worker_method=method))
+        assert len(ours) == len(theirs) == 2
+        for (x, y), (tx, ty) in zip(ours, theirs):
+            assert type(x) is torch.Tensor and x.dtype == tx.dtype == torch.float32
+            assert x.shape == tx.shape == shape
+            assert type(y) is np.ndarray and y.tolist() == ty.tolist()

@@ -266,6 +266,16 @@ def _table_rows() -> tuple[np.ndarray, ...]:
     return features, _labels(count)
 
 
+def _tensor_table(contender: str, arrays: tuple[np.ndarray, ...]) -> Any:
+    """The arrays as torch tensors: fastload's ArrayDataset over them (the
+    migrating user's TensorDataset), torch's TensorDataset elsewhere."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    tensors = tuple(torch.from_numpy(a) for a in arrays)
+    return ArrayDataset(*tensors) if contender in FASTLOAD_CONTENDERS else TensorDataset(*tensors)
+
+
 def _fastload_or_index_rng(contender: str) -> Callable[[int], np.random.Generator]:
     return _fastload_rng if contender in FASTLOAD_CONTENDERS else _index_rng
 
@@ -362,6 +372,12 @@ def _hwc_images() -> tuple[np.ndarray, ...]:
     return images, _labels(count)
 
 
+def _float_images() -> tuple[np.ndarray, ...]:
+    count = 4096
+    images = np.random.default_rng(0).standard_normal((count, 3, 32, 32), dtype=np.float32)
+    return images, _labels(count)
+
+
 def _token_sequences() -> tuple[np.ndarray, ...]:
     count, mean, sigma = 8192, 300, 0.8
     rng = np.random.default_rng(0)
@@ -417,6 +433,9 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              bandwidth_bound=True),
     Workload("tensors", "4096 torch images: uint8 32x32x3 to float32 3x32x32 tensor, "
              "int label, per sample in Python", 128, _hwc_images, tensors=True, needs=("torch",)),
+    Workload("tensor-rows", "4096 float32 3x32x32 torch tensors + int64 label tensor: "
+             "an ArrayDataset over the tensors (torch's TensorDataset for the others)", 128,
+             _float_images, needs=("torch",), make_dataset=_tensor_table),
     Workload("ragged", "8192 int32 token sequences, lognormal lengths (mean 300, max 4096), "
              "padded per batch: fastload.pad_collate against the Python padding collate_fn "
              "of each baseline", 64, _token_sequences, ragged=True),
