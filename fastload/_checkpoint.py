@@ -94,6 +94,11 @@ _OLDER_DEFAULTS: dict[int, dict[str, Any]] = {
 }
 
 
+# What a batch that is no snapshot step carries in place of the sampler's
+# state (which may itself be None: a sampler that keeps none).
+NO_SNAPSHOT = object()
+
+
 def sampler_state_getter(sampler: Any) -> Callable[[], Any] | None:
     """The sampler's state_dict method, or None for a sampler that keeps none."""
     getter = getattr(sampler, "state_dict", None)
@@ -215,13 +220,14 @@ class Progress:
         self.beyond: dict[int, Any] = {}
 
     def deliver(self, position: int, sampler_state: Any) -> None:
-        """Batch ``position`` of the epoch was delivered (map-style)."""
+        """Batch ``position`` of the epoch was delivered (map-style), with
+        the sampler's state if it was a snapshot step (else NO_SNAPSHOT)."""
         if position != self.yielded:
             self.beyond[position] = sampler_state
             return
         while True:
             self.yielded += 1
-            if sampler_state is not None:
+            if sampler_state is not NO_SNAPSHOT:
                 self.sampler, self.sampler_step = sampler_state, self.yielded
             if self.yielded not in self.beyond:
                 return
@@ -239,14 +245,14 @@ class Progress:
     def advance(self, task: Any) -> None:
         """Move past a batch a worker loaded, as it is delivered. ``task`` has
         ``worker_id``; ``position`` in the epoch (map-style: see ``deliver``);
-        ``sampler_state`` (not None on a snapshot step);
+        ``sampler_state`` (NO_SNAPSHOT but on a snapshot step);
         ``has_dataset_state`` and ``dataset_state`` (the worker's dataset
         replica after that batch); ``dataset_ended``."""
         if self.map_style:
             self.deliver(task.position, task.sampler_state)
         else:
             self.yielded += 1
-            if task.sampler_state is not None:
+            if task.sampler_state is not NO_SNAPSHOT:
                 self.sampler, self.sampler_step = task.sampler_state, self.yielded
         if self.workers is None:
             if task.has_dataset_state:
@@ -442,8 +448,8 @@ def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any, map_style
     progress.datapipe_seed = state.datapipe_seed
     progress.yielded = state.yielded
     progress.beyond = dict.fromkeys(
-        position for start_at, stop in state.delivered_beyond
-        for position in range(start_at, stop))
+        (position for start_at, stop in state.delivered_beyond
+         for position in range(start_at, stop)), NO_SNAPSHOT)
     progress.sampler, progress.sampler_step = state.sampler, state.sampler_step
     skip = progress.yielded
     if progress.sampler is not None:

@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 
 from fastload import _checkpoint, _datapipes, _seed
-from fastload._checkpoint import LoaderState, Progress, sampler_state, sampler_state_getter
+from fastload._checkpoint import (
+    NO_SNAPSHOT,
+    LoaderState,
+    Progress,
+    sampler_state,
+    sampler_state_getter,
+)
 from fastload._fetch import DatasetKind, create_fetcher
 from fastload._sample_rng import context as sample_context
 from fastload._stats import LoaderStats
@@ -81,15 +87,18 @@ class EpochDraw:
         self._sampler_iter = sampler_iter
         self._skip = skip
         self._drawn = start
-        # The snapshot sampler's state_dict, looked up once (None: no snapshots).
-        self._sampler_state = sampler_state_getter(snapshot_sampler) if snapshot_every else None
+        self._snapshots = snapshot_sampler is not None and snapshot_every > 0
+        # Its state_dict, looked up once (None: a sampler that keeps no state,
+        # whose snapshot steps are still recorded, as torchdata records them).
+        self._sampler_state = sampler_state_getter(snapshot_sampler)
         self._snapshot_every = snapshot_every
         # Whether the sampler ran out: it is not asked again.
         self.done = False
 
     def next(self) -> tuple[Any, int, Any] | None:
         """The next batch of the epoch: (index, position, the sampler's state
-        when it is a snapshot step, else None); None once the sampler ran out."""
+        when it is a snapshot step, else NO_SNAPSHOT); None once the sampler
+        ran out."""
         if self.done:
             return None
         try:
@@ -102,9 +111,10 @@ class EpochDraw:
             return None
         position = self._drawn
         self._drawn = position + 1
-        if self._sampler_state is not None and (position + 1) % self._snapshot_every == 0:
-            return index, position, self._sampler_state()
-        return index, position, None
+        if self._snapshots and (position + 1) % self._snapshot_every == 0:
+            getter = self._sampler_state
+            return index, position, None if getter is None else getter()
+        return index, position, NO_SNAPSHOT
 
 
 class BaseIter:

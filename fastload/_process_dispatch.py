@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastload import _protocol
+from fastload._checkpoint import NO_SNAPSHOT
 from fastload._dispatch import (
     RoundRobin,
     deadline_after,
@@ -263,7 +264,7 @@ class ProcessDispatcher:
         index = lookahead.indices.popleft()
         worker_id = next(lookahead.workers)
         lookahead.tasks.append(
-            (self._send_task(worker_id, index, lease, None, None), index, worker_id))
+            (self._send_task(worker_id, index, lease, None, NO_SNAPSHOT), index, worker_id))
 
     # -- slots -----------------------------------------------------------
 
