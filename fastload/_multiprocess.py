@@ -49,6 +49,7 @@ class MultiProcessingIter(WorkerIter):
         self._dispatcher = ProcessDispatcher(loader, self._workers, self._stats.workers)
         with self._errors_raised():
             self._dispatcher.begin_epoch(self._epoch_draw(), progress)
+            self._dispatcher.await_started()
 
     def stats(self) -> LoaderStats:
         stats = self._stats

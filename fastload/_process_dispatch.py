@@ -39,7 +39,7 @@ from fastload._dispatch import (
 from fastload._fetch import DatasetKind
 from fastload._iterator import EpochDraw, Progress
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
-from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT
+from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT, STARTED
 from fastload._stats import WorkerStats
 from fastload._task_table import STREAM_ENDED, Failure, Task, TaskTable
 from fastload._worker_error import WorkerError
@@ -100,6 +100,7 @@ class ProcessDispatcher:
         self._needs: list[tuple[Any, ...]] = []
         self._owed = 0
         self._copy_out = False
+        self._started = 0  # workers that said STARTED
 
     def begin_epoch(self, draw: EpochDraw, progress: Progress) -> None:
         """Start loading the epoch ``progress`` describes: a task for each
@@ -111,6 +112,14 @@ class ProcessDispatcher:
         self._owed = 0
         for _ in range(self._prefetch):
             self._dispatch()
+
+    def await_started(self) -> None:
+        """Wait until every worker is set up (NOTE [ Worker protocol ]): a
+        set-up failure or a death then raises here, in iter(), whatever the
+        timing. Answers to the first tasks that come meanwhile are kept."""
+        deadline = deadline_after(self._timeout)
+        while self._started < self.workers.num_workers:
+            self._pump(deadline)
 
     def new_epoch(self, draw: EpochDraw, progress: Progress) -> None:
         """Persistent workers: give the unfinished epoch up and begin the one
@@ -379,6 +388,9 @@ class ProcessDispatcher:
         table = self.table
         if kind == FAILED and task_id == INIT_TASK:
             raise WorkerSetupFailed(message[2])
+        if kind == STARTED:
+            self._started += 1
+            return
         if kind == NEED:
             self._needs.append(message)
             return

@@ -53,6 +53,12 @@ Worker -> main process (result ring):
                                    its ``nbytes`` bytes follow on the worker's
                                    Unix socket (a layout with long strings, a
                                    long traceback, a large dataset state)
+  (STARTED, INIT_TASK)             the worker is set up (worker_init_fn ran,
+                                   its replica is where a resume puts it) and
+                                   takes tasks: iter() returns once every
+                                   worker said so or failed
+                                   (ProcessDispatcher.await_started; worker
+                                   threads say it too)
 
 Why these two ways around the ring: a worker that streams a large message
 into the socket only waits for the main process to read it, which the main
@@ -76,7 +82,7 @@ from typing import Any
 from fastload_c import record
 
 TASK, TASK_INDEX_IN_SLOT, RESLOT, SEGMENT, RETIRE, RESET = range(6)
-DONE, NEED, ENDED, FAILED, LARGE = range(5)
+DONE, NEED, ENDED, FAILED, LARGE, STARTED = range(6)
 # The task id of failures outside a task (worker_init_fn, the task loop).
 INIT_TASK = -1
 # The largest record on a ring; rings are sized for many of them in flight.

@@ -97,7 +97,7 @@ from fastload._dispatch import RoundRobin, WorkerIter, wait_seconds
 from fastload._fast_path import BatchWriter, Write
 from fastload._fetch import DatasetKind, create_fetcher, describe_failure, describe_indices
 from fastload._iterator import pin_batch, pin_target
-from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK
+from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, STARTED
 from fastload._sample_rng import context as sample_context
 from fastload._stats import WorkerStats
 from fastload._task_table import STREAM_ENDED, Task, TaskTable
@@ -214,6 +214,7 @@ class _Worker:
                 self.new_fetcher()
                 _checkpoint.resume_ended_replica(self.fetcher, self.start_state)
             self.new_fetcher(resume)
+            self.results.put((STARTED, INIT_TASK))
             self.serve()
         except Exception as exc:
             self.results.put((FAILED, INIT_TASK, WorkerError(exc, worker_id, where)))
@@ -347,9 +348,15 @@ class ThreadIter(WorkerIter):
         self._slots = (_memory.new_pool(INITIAL_SLOT_BYTES, slots_per_segment=SLOTS_PER_SEGMENT)
                        if self._workers and self._workers[0].writer.writes_in_c else None)
         self._slot_bytes = 0
+        self._started = 0  # threads that said STARTED
         for worker in self._workers:
             worker.thread.start()
         self._begin_epoch()
+        # As worker processes: a set-up failure raises in iter(), whatever
+        # the timing (NOTE [ Worker protocol ]).
+        deadline = self._deadline()
+        while self._started < workers:
+            self._wait(deadline)
 
     @property
     def worker_threads(self) -> list[threading.Thread]:
@@ -472,6 +479,9 @@ class ThreadIter(WorkerIter):
             # worker_init_fn or the thread's set-up failed: the epoch cannot go on.
             self._stop()
             message[2].reraise(os.getpid())
+        if kind == STARTED:
+            self._started += 1
+            return
         if kind == GLOBAL_RNG_USED:
             if not self._warned_global_rng:
                 self._warned_global_rng = True

@@ -31,6 +31,7 @@ from fastload._protocol import (
     RESLOT,
     RETIRE,
     SEGMENT,
+    STARTED,
     TASK,
     TASK_INDEX_IN_SLOT,
 )
@@ -186,6 +187,7 @@ class _Worker:
             self.new_fetcher()
         else:
             self.resume(resume)
+        self.reply(STARTED, INIT_TASK)
         while True:
             try:
                 message = self.next_message()

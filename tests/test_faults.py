@@ -339,3 +339,22 @@ def test_shape_mismatch_names_both_dataset_indices(workers):
     message = str(info.value)
     assert "sample 2 has shape (4,) but sample 0 has shape (3,)" in message
     assert "dataset indices 10 and 8" in message
+
+
+def _failing_init(worker_id):
+    if worker_id == 1:
+        raise KeyError("no shard for this worker")
+
+
+@pytest.mark.parametrize("method", ["multiprocessing", "thread"])
+def test_a_set_up_failure_raises_in_iter_every_time(method):
+    # Whether iter() happened to wait on a worker (for a free slot, say)
+    # once decided whether the failure came from iter() or from next().
+    loader = fl.DataLoader(Sleepy(16), batch_size=2, num_workers=2, worker_method=method,
+                           worker_init_fn=_failing_init)
+    for _ in range(5):
+        with pytest.raises(KeyError, match="worker_init_fn"):
+            iter(loader)
+    # The loader stays usable once the cause is gone.
+    loader.worker_init_fn = None
+    assert sum(len(batch) for batch in loader) == 16

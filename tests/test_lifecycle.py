@@ -276,16 +276,22 @@ def test_sigchld_ignored_is_refused_with_a_clear_error():
 
 @pytest.mark.parametrize("context", ["fork", "forkserver"])
 @pytest.mark.parametrize("in_thread", [False, True])
-def test_workers_die_within_a_second_of_their_parent(context, in_thread):
+def test_workers_die_within_a_second_of_their_parent(context, in_thread, tmp_path):
     # The parent is SIGKILLed while its workers sit in a long __getitem__.
-    script = f"""
-        import threading, time
+    # The dataset is in a module of its own: forkserver workers import it.
+    (tmp_path / "slow_dataset.py").write_text(textwrap.dedent("""
+        import time
+        import fastload as fl
         class Slow(fl.Dataset):
             def __len__(self):
                 return 8
             def __getitem__(self, i):
                 time.sleep(60)
                 return i
+    """))
+    script = f"""
+        import threading, time
+        from slow_dataset import Slow
         def run():
             it = iter(fl.DataLoader(Slow(), batch_size=1, num_workers=2,
                                     multiprocessing_context={context!r}))
@@ -298,7 +304,7 @@ def test_workers_die_within_a_second_of_their_parent(context, in_thread):
             run()
     """
     parent = subprocess.Popen([sys.executable, "-c", SCRIPT_HEADER + textwrap.dedent(script)],
-                              stdout=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         pids = [int(p) for p in parent.stdout.readline().split()]
         assert len(pids) == 2
