@@ -74,6 +74,12 @@ def _independent_copy(sampler: Any) -> Any:
     ``set_epoch(epoch + 1)`` for a DistributedSampler) and whose iteration
     moves nothing of ``sampler``'s; None for types not known to allow it."""
     kind = type(sampler)
+    fresh_epoch_draws = getattr(sampler, "fresh_epoch_draws", None)
+    if callable(fresh_epoch_draws):
+        # A wrapper whose next iteration draws what the sampler it wraps
+        # would, unless a resumed epoch is pending (fastload.torch).
+        inner = fresh_epoch_draws()
+        return None if inner is None else _independent_copy(inner)
     if kind in _torch_kinds(SequentialSampler, "SequentialSampler"):
         return sampler  # iterating it moves nothing
     if kind in _torch_kinds(BatchSampler, "BatchSampler"):

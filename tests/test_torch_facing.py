@@ -91,11 +91,94 @@ def test_resume_is_exact_or_refused():
     resumed = flt.DataLoader(Rows(), batch_size=4, sampler=flt.SequentialSampler(Rows()))
     resumed.load_state_dict(state)
     assert indices(resumed) == rest == list(range(4, 22))
-    shuffled = flt.DataLoader(Rows(), batch_size=4, shuffle=True)
-    next(iter(shuffled))
-    state = shuffled.state_dict()  # frameworks take it whenever there is one
-    with pytest.raises(ValueError, match="RandomSampler: it keeps no state"):
-        flt.DataLoader(Rows(), batch_size=4, shuffle=True).load_state_dict(state)
+
+    class OwnOrder(td.RandomSampler):
+        """A subclass may draw its order any way: it cannot be replayed."""
+
+    custom = flt.DataLoader(Rows(), batch_size=4, sampler=OwnOrder(Rows()))
+    next(iter(custom))
+    state = custom.state_dict()  # frameworks take it whenever there is one
+    with pytest.raises(ValueError, match="OwnOrder: it keeps no state"):
+        flt.DataLoader(Rows(), batch_size=4, sampler=OwnOrder(Rows())).load_state_dict(state)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("arguments", [
+    {"shuffle": True, "batch_size": 4},
+    {"shuffle": True, "batch_size": None},
+    {"shuffle": True, "batch_size": 4, "generator": 5},
+    {"sampler": "subset", "batch_size": 3},
+    {"sampler": "weighted", "batch_size": 4},
+], ids=["shuffle", "no-batching", "generator", "subset", "weighted"])
+def test_torchs_random_samplers_resume_exactly(arguments, num_workers):
+    def make(module=flt, **extra):
+        kwargs = {**arguments, **extra}
+        if kwargs.get("generator") is not None:
+            kwargs["generator"] = torch.Generator().manual_seed(kwargs["generator"])
+        if kwargs.get("sampler") == "subset":
+            kwargs["sampler"] = td.SubsetRandomSampler(list(range(0, 22, 2)))
+        elif kwargs.get("sampler") == "weighted":
+            kwargs["sampler"] = td.WeightedRandomSampler([1.0] * 22, 22)
+        return module.DataLoader(Rows(), **kwargs)
+
+    def labels(batches):
+        out = []
+        for batch in batches:
+            value = batch["label"]  # without batching, an int as in torch
+            value = value.tolist() if isinstance(value, torch.Tensor) else value
+            out.extend(value if isinstance(value, list) else [value])
+        return out
+
+    for stop in (0, 2):  # 0: right after iter(), workers already drawing
+        torch.manual_seed(0)
+        loader = make(num_workers=num_workers)
+        it = iter(loader)
+        head = [next(it) for _ in range(stop)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        rest = labels(it)
+        torch.manual_seed(1)  # another run: the global generator is elsewhere
+        resumed = make(num_workers=num_workers)
+        resumed.load_state_dict(state)
+        assert labels(resumed) == rest and len(head) == stop and rest
+    # The order is torch's own: the same draws as torch's loader makes.
+    torch.manual_seed(3)
+    ours = labels(make(num_workers=num_workers))
+    torch.manual_seed(3)
+    assert ours == labels(make(td))
+
+
+class RandomRows(td.Dataset):
+    """Each sample drawn from torch's global generator, whose state is the
+    dataset's state (torchdata's tests do this)."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return int(torch.randint(1000, ()))
+
+    def state_dict(self):
+        return {"rng": torch.get_rng_state().tolist()}
+
+    def load_state_dict(self, state):
+        torch.set_rng_state(torch.tensor(state["rng"], dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("stop", [0, 4])
+def test_a_shuffled_dataset_drawing_from_the_global_generator_resumes_exactly(stop):
+    def make():
+        return flt.DataLoader(RandomRows(), batch_size=2, shuffle=True)
+
+    torch.manual_seed(0)
+    loader = make()
+    it = iter(loader)
+    [next(it) for _ in range(stop)]
+    state = loader.state_dict()
+    rest = [batch.tolist() for batch in it]
+    torch.manual_seed(1)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [batch.tolist() for batch in resumed] == rest
 
 
 def test_default_collate_and_convert_are_torchs():
