@@ -302,3 +302,23 @@ def test_snapshot_every_n_steps_is_taken_as_torchdata_takes_it_and_survives_recr
     resumed.load_state_dict(state)
     assert head + indices(resumed) == full
     assert recreate_with(loader, None).snapshot_every_n_steps == 3
+
+
+def test_a_resumed_shuffled_loader_with_persistent_workers_goes_on_for_epochs():
+    # Later epochs draw from torch's global generator where the loader's
+    # state put it; persistent workers guess each next epoch's first batches.
+    def make():
+        return flt.DataLoader(Rows(), batch_size=4, shuffle=True, num_workers=2,
+                              persistent_workers=True)
+
+    torch.manual_seed(0)
+    loader = make()
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    expected = [indices(it), indices(loader), indices(loader)]
+    torch.manual_seed(1)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [indices(resumed) for _ in range(3)] == expected
+    assert expected[1] != expected[2]
