@@ -504,6 +504,15 @@ def worker_states(state: LoaderState | None, num_workers: int,
     return ([WorkerState() for _ in range(num_workers)] if tracked else None), 0
 
 
+def replicas_carried(workers: list[WorkerState] | None) -> list[WorkerState] | None:
+    """Persistent workers' map-style replicas at a new epoch: each where its
+    last recorded state left it (exact when that state came with its last
+    batch, as with snapshot_every_n_steps=1), nothing delivered yet."""
+    if workers is None:
+        return None
+    return [WorkerState(state=worker.state) for worker in workers]
+
+
 def replica_snapshot(fetcher: DatasetFetcher, batches_done: int,
                      every: int) -> tuple[bool, Any]:
     """What a worker sends with its batch ``batches_done``: (whether it is a

@@ -70,11 +70,15 @@ class MultiProcessingIter(WorkerIter):
 
     def _reset(self, loader: Any) -> None:
         """Persistent workers: a new epoch over the same processes."""
+        previous = self._progress.workers
         super()._reset(loader)
         if not self._map_style:
-            # A new stream per worker (a map-style replica goes on as it is).
+            # A new stream per worker.
             self._progress.workers, _ = _checkpoint.worker_states(
                 None, self._workers.num_workers, tracked=True)
+        else:
+            # A map-style replica goes on as it is.
+            self._progress.workers = _checkpoint.replicas_carried(previous)
         with self._errors_raised():
             self._dispatcher.new_epoch(self._epoch_draw(), self._progress)
 

@@ -297,6 +297,29 @@ def test_map_style_dataset_states_are_kept_per_worker_replica(persistent):
         assert got + rows(resumed) == full, taken
 
 
+@pytest.mark.parametrize("taken", [0, 1, 3])
+def test_persistent_replicas_are_checkpointed_in_later_epochs_too(taken):
+    """In the second epoch of persistent workers the replicas go on from the
+    first: a state taken there keeps each one's count, not the main
+    process's dataset."""
+    def make():
+        return fl.DataLoader(Counting(), batch_size=3, num_workers=2, persistent_workers=True)
+
+    def rows(batches):
+        return [b.tolist() for b in batches]
+
+    loader = make()
+    rows(loader)
+    it = iter(loader)
+    head = rows(next(it) for _ in range(taken))
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = rows(it) + rows(loader)
+    assert state["workers"] is not None and state["dataset"] is None
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert rows(resumed) + rows(resumed) == rest and len(head) == taken
+
+
 def test_map_style_replica_states_fit_only_as_many_worker_processes():
     loader = fl.DataLoader(Counting(), batch_size=3, num_workers=2)
     it = iter(loader)
