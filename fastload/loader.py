@@ -27,6 +27,12 @@ from fastload._seed import GeneratorArg
 from fastload._stats import LoaderStats
 from fastload._thread_workers import ThreadIter
 from fastload._torch import torch_or_none
+from fastload._torch_draws import (
+    UNRESUMABLE_SAMPLER,
+    refuse_unresumable,
+    resumable,
+    unresumable_sampler,
+)
 from fastload._warnings import warn_at_caller
 from fastload.collate import default_collate, default_convert
 from fastload.dataset import Dataset, _is_iterable_dataset
@@ -230,6 +236,10 @@ class DataLoader(Generic[T_co]):
         self.drop_last = drop_last
         self.sampler = sampler
         self.batch_sampler = batch_sampler
+        # What the iterators draw indices from (torch's random samplers made
+        # resumable: fastload._torch_draws).
+        self._draws = resumable(batch_sampler if batch_sampler is not None else sampler)
+        self._unresumable = unresumable_sampler(self._draws)
         if collate_fn is None:
             collate_fn = default_collate if self._auto_collation else default_convert
         self.collate_fn = collate_fn
@@ -290,7 +300,7 @@ class DataLoader(Generic[T_co]):
 
     @property
     def _index_sampler(self) -> Any:
-        return self.batch_sampler if self._auto_collation else self.sampler
+        return self._draws
 
     def _get_iterator(self, resume: LoaderState | None = None,
                       base_seed: int | None = None,
@@ -354,7 +364,10 @@ class DataLoader(Generic[T_co]):
         come (NOTE [ Resume contract ] in fastload._checkpoint). The sampler
         and dataset states inside are the snapshots themselves, not copies:
         treat the dict as read-only (or copy it) if the loader runs on."""
-        return _checkpoint.capture(self)
+        state = _checkpoint.capture(self)
+        if self._unresumable is not None:
+            state[UNRESUMABLE_SAMPLER] = self._unresumable
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a ``state_dict()`` at the next ``iter()`` (a state taken
@@ -364,6 +377,7 @@ class DataLoader(Generic[T_co]):
         of a loader with another dataset length, batch size, drop_last, or
         (datasets whose replicas keep a state) number of workers, and for
         anything that is not such a state."""
+        refuse_unresumable(state)
         self._resume_state = _checkpoint.load(self, state)
 
     def __len__(self) -> int:

@@ -24,8 +24,6 @@ Importing this module imports torch; ``import fastload`` never does.
 from __future__ import annotations
 
 import inspect
-import itertools
-from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -96,94 +94,6 @@ _DEFAULTS = (default_collate, default_convert, _torch_data.default_collate,
 
 T_co = TypeVar("T_co", covariant=True)
 
-_RANDOM_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
-# The key of a state taken with one of those that cannot be resumed, naming
-# it (see state_dict).
-_STATELESS_SAMPLER = "torch_stateless_sampler"
-
-
-class _ResumableDraw:
-    """What the engine draws from in place of one of torch's random samplers
-    (exactly those types), or of torch's BatchSampler over one: the same
-    draws, plus the ``state_dict`` those samplers lack. Their epoch's order
-    is drawn from a generator (their own, else torch's global one) when
-    their iterator starts; the state is that generator's state then, and the
-    number of draws since; between ``iter()`` and the first draw, the
-    generator's state now, which that draw will start from; before any
-    iteration and once one ran out, no generator state: the loader's own
-    state restores torch's global generator, and the next epoch draws from
-    where it puts it. A resumed epoch sets the recorded state for its first
-    draw, puts the caller's state back (unless it was that state already),
-    and skips what was drawn: the same order, wherever it stopped."""
-
-    def __init__(self, draws: Any, random_sampler: Any) -> None:
-        self.draws = draws  # the sampler or batch sampler torch would iterate
-        self._random_sampler = random_sampler
-        self._start: Any = None  # the generator's state this epoch began from
-        self._pending = False  # iter() was called, its first draw not made yet
-        self._drawn = 0
-        self._resume: tuple[Any, int] | None = None
-
-    def _generator(self) -> torch.Generator:
-        generator = self._random_sampler.generator
-        return torch.default_generator if generator is None else generator
-
-    def __iter__(self) -> Iterator[Any]:
-        self._start, self._drawn, self._pending = None, 0, True
-        resume, self._resume = self._resume, None
-        return self._draw_epoch(resume)
-
-    def _draw_epoch(self, resume: tuple[Any, int] | None) -> Iterator[Any]:
-        generator = self._generator()
-        caller = None
-        if resume is not None and resume[0] is not None:
-            start = torch.as_tensor(resume[0], dtype=torch.uint8)
-            caller = generator.get_state()
-            if torch.equal(caller, start):
-                # Already there (the loader's state put torch's global
-                # generator there): the draw moves it on, as it did.
-                caller = None
-            generator.set_state(start)
-        self._start, self._drawn, self._pending = generator.get_state().tolist(), 0, False
-        draws = iter(self.draws)
-        try:
-            head = [next(draws)]  # where torch's samplers draw their order
-        except StopIteration:
-            head = []
-        finally:
-            if caller is not None:
-                generator.set_state(caller)
-        for item in itertools.chain(head, draws):
-            self._drawn += 1
-            if resume is None or self._drawn > resume[1]:
-                yield item
-        self._start = None  # run out: the next iteration is a new epoch
-
-    def __len__(self) -> int:
-        return len(self.draws)
-
-    def fresh_epoch_draws(self) -> Any:
-        """What the next iteration draws when it starts a fresh epoch (the
-        sampler it wraps); None while a resumed epoch is pending (for the
-        epoch lookahead of fastload._lookahead)."""
-        return self.draws if self._resume is None else None
-
-    def state_dict(self) -> dict[str, Any]:
-        if self._start is not None:
-            return {"generator": self._start, "drawn": self._drawn}
-        pending = self._generator().get_state().tolist() if self._pending else None
-        return {"generator": pending, "drawn": 0}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._resume = (state["generator"], int(state["drawn"]))
-
-
-def _resumable(draws: Any) -> Any:
-    """``draws`` (a sampler or batch sampler), drawn through _ResumableDraw
-    where it is one of torch's random samplers or its BatchSampler over one."""
-    inner = draws.sampler if type(draws) is BatchSampler else draws
-    return _ResumableDraw(draws, inner) if type(inner) in _RANDOM_SAMPLERS else draws
-
 
 class DataLoader(_torch_data.DataLoader[T_co]):
     """``torch.utils.data.DataLoader`` in arguments, defaults, errors,
@@ -227,9 +137,9 @@ class DataLoader(_torch_data.DataLoader[T_co]):
             samplers: dict[str, Any] = {"batch_size": self.batch_size,
                                         "drop_last": self.drop_last}
         elif self.batch_sampler is not None:
-            samplers = {"batch_sampler": _resumable(self.batch_sampler)}
+            samplers = {"batch_sampler": self.batch_sampler}
         else:
-            samplers = {"sampler": _resumable(self.sampler), "batch_size": None}
+            samplers = {"sampler": self.sampler, "batch_size": None}
         self._fastload = _loader.DataLoader(
             dataset, num_workers=num_workers,
             collate_fn=None if self.collate_fn in _DEFAULTS else self.collate_fn,
@@ -254,25 +164,10 @@ class DataLoader(_torch_data.DataLoader[T_co]):
     def state_dict(self) -> dict[str, Any]:
         """fastload.DataLoader's state (NOTE [ Resume contract ]). Taken in
         any case, since frameworks take it whenever a loader has one
-        (accelerate on every batch, Lightning in its checkpoints). torch's
-        random samplers keep no state: drawn as they are (_ResumableDraw)
-        they resume exactly; a subclass of one, or a batch sampler of
-        another kind over one, has the state marked so that
-        ``load_state_dict`` refuses it: drawing its order again on resume
-        would give other batches."""
-        state = self._fastload.state_dict()
-        sampler = getattr(self.batch_sampler, "sampler", self.sampler)
-        if (isinstance(sampler, _RANDOM_SAMPLERS) and not hasattr(sampler, "state_dict")
-                and not isinstance(self._fastload._index_sampler, _ResumableDraw)):
-            state[_STATELESS_SAMPLER] = type(sampler).__name__
-        return state
+        (accelerate on every batch, Lightning in its checkpoints)."""
+        return self._fastload.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if _STATELESS_SAMPLER in state:
-            raise ValueError(
-                f"load_state_dict() cannot resume torch's {state[_STATELESS_SAMPLER]}: it keeps "
-                "no state, so a resumed run would shuffle differently; use fastload.DataLoader "
-                "with shuffle=True (its samplers resume exactly) or a sampler with state_dict()")
         self._fastload.load_state_dict(state)
 
     def stats(self) -> LoaderStats | None:

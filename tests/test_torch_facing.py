@@ -322,3 +322,34 @@ def test_a_resumed_shuffled_loader_with_persistent_workers_goes_on_for_epochs():
     resumed.load_state_dict(state)
     assert [indices(resumed) for _ in range(3)] == expected
     assert expected[1] != expected[2]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_fastload_loaders_resume_torchs_random_samplers_too(num_workers):
+    # Code that keeps torch's samplers when it moves to fastload.DataLoader:
+    # a resume once replayed another order, silently.
+    data = np.arange(40)
+
+    def make(sampler_type=td.RandomSampler):
+        return fl.DataLoader(data, batch_size=4, sampler=sampler_type(data),
+                             num_workers=num_workers)
+
+    torch.manual_seed(0)
+    loader = make()
+    it = iter(loader)
+    next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = [batch.tolist() for batch in it]
+    torch.manual_seed(1)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [batch.tolist() for batch in resumed] == rest
+
+    class OwnOrder(td.RandomSampler):
+        pass
+
+    custom = make(OwnOrder)
+    next(iter(custom))
+    with pytest.raises(ValueError, match="OwnOrder: it keeps no state"):
+        make(OwnOrder).load_state_dict(custom.state_dict())
+

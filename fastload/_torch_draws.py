@@ -1,0 +1,140 @@
+"""torch's random samplers made resumable: ``resumable(draws)`` is what a
+DataLoader draws its indices from when they are torch's ``RandomSampler``,
+``SubsetRandomSampler`` or ``WeightedRandomSampler`` (exactly those types),
+alone or under a ``BatchSampler`` (torch's or fastload's).
+
+Those samplers keep no state: each epoch's order is drawn from a generator
+(the sampler's own, else torch's global one) when their iterator starts.
+Counting batches on resume would replay another order, silently, so
+``ResumableDraw`` records what the order came from (NOTE [ Resume contract ]
+in fastload._checkpoint).
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from fastload._torch import torch_data_class
+from fastload.sampler import BatchSampler
+
+_RANDOM_SAMPLERS = ("RandomSampler", "SubsetRandomSampler", "WeightedRandomSampler")
+# The key that marks a state taken with a subclass of those (see
+# unresumable_sampler), naming it.
+UNRESUMABLE_SAMPLER = "torch_stateless_sampler"
+
+
+class ResumableDraw:
+    """The same draws as ``draws``, plus the ``state_dict`` torch's random
+    samplers lack: the generator's state when the epoch's first draw was
+    made and the number of draws since; between ``iter()`` and that first
+    draw, the generator's state now, which the draw will start from; before
+    any iteration and once one ran out, no generator state (the loader's own
+    state puts its generator, torch's global one for ``fastload.torch``,
+    where the next epoch draws from). A resumed epoch sets the recorded
+    state for its first draw, puts the caller's state back (unless it was
+    that state already), and skips what was drawn: the same order,
+    wherever it stopped."""
+
+    def __init__(self, draws: Any, random_sampler: Any) -> None:
+        self.draws = draws  # the sampler or batch sampler to draw from
+        self._random_sampler = random_sampler
+        self._start: Any = None  # the generator's state this epoch began from
+        self._pending = False  # iter() was called, its first draw not made yet
+        self._drawn = 0
+        self._resume: tuple[Any, int] | None = None
+
+    def _generator(self) -> Any:
+        import torch  # a torch sampler is here: torch is loaded
+
+        generator = self._random_sampler.generator
+        return torch.default_generator if generator is None else generator
+
+    def __iter__(self) -> Iterator[Any]:
+        self._start, self._drawn, self._pending = None, 0, True
+        resume, self._resume = self._resume, None
+        return self._draw_epoch(resume)
+
+    def _draw_epoch(self, resume: tuple[Any, int] | None) -> Iterator[Any]:
+        import torch
+
+        generator = self._generator()
+        caller = None
+        if resume is not None and resume[0] is not None:
+            start = torch.as_tensor(resume[0], dtype=torch.uint8)
+            caller = generator.get_state()
+            if torch.equal(caller, start):
+                # Already there (the loader's state put torch's global
+                # generator there): the draw moves it on, as it did.
+                caller = None
+            generator.set_state(start)
+        self._start, self._drawn, self._pending = generator.get_state().tolist(), 0, False
+        draws = iter(self.draws)
+        try:
+            head = [next(draws)]  # where torch's samplers draw their order
+        except StopIteration:
+            head = []
+        finally:
+            if caller is not None:
+                generator.set_state(caller)
+        for item in itertools.chain(head, draws):
+            self._drawn += 1
+            if resume is None or self._drawn > resume[1]:
+                yield item
+        self._start = None  # run out: the next iteration is a new epoch
+
+    def __len__(self) -> int:
+        return len(self.draws)
+
+    def fresh_epoch_draws(self) -> Any:
+        """What the next iteration draws when it starts a fresh epoch (the
+        sampler it wraps); None while a resumed epoch is pending (for the
+        epoch lookahead of fastload._lookahead)."""
+        return self.draws if self._resume is None else None
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._start is not None:
+            return {"generator": self._start, "drawn": self._drawn}
+        pending = self._generator().get_state().tolist() if self._pending else None
+        return {"generator": pending, "drawn": 0}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resume = (state["generator"], int(state["drawn"]))
+
+
+def is_torch_random_sampler(sampler: Any) -> bool:
+    """Whether ``sampler`` is exactly one of torch's random samplers (a
+    subclass may draw its order its own way)."""
+    return any(type(sampler) is torch_data_class(name) for name in _RANDOM_SAMPLERS)
+
+
+def resumable(draws: Any) -> Any:
+    """``draws`` (a sampler or batch sampler), through ResumableDraw where it
+    is one of torch's random samplers or a BatchSampler, torch's or
+    fastload's, over one."""
+    batching = type(draws) is BatchSampler or type(draws) is torch_data_class("BatchSampler")
+    inner = draws.sampler if batching else draws
+    return ResumableDraw(draws, inner) if is_torch_random_sampler(inner) else draws
+
+
+def unresumable_sampler(index_sampler: Any) -> str | None:
+    """The class name of a torch random sampler under ``index_sampler``
+    (a subclass, which ``resumable`` leaves as it is) whose order a resume
+    would draw anew, or None. A state taken with one is marked, and
+    ``load_state_dict`` refuses it rather than give other batches."""
+    if isinstance(index_sampler, ResumableDraw):
+        return None
+    sampler = getattr(index_sampler, "sampler", index_sampler)
+    kinds = tuple(kind for kind in map(torch_data_class, _RANDOM_SAMPLERS) if kind is not None)
+    if kinds and isinstance(sampler, kinds) and not hasattr(sampler, "state_dict"):
+        return type(sampler).__name__
+    return None
+
+
+def refuse_unresumable(state: dict[str, Any]) -> None:
+    """Raise ValueError for a state marked by ``unresumable_sampler``."""
+    if UNRESUMABLE_SAMPLER in state:
+        raise ValueError(
+            f"load_state_dict() cannot resume torch's {state[UNRESUMABLE_SAMPLER]}: it keeps "
+            "no state, so a resumed run would shuffle differently; use one of torch's own "
+            "random samplers (not a subclass), fastload's, or a sampler with state_dict()")
