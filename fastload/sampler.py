@@ -83,6 +83,10 @@ class _EpochSampler(Sampler[int]):
     _done = 0
     _chunk_len = 0
     _current: Iterator[Any] = iter(())
+    # The generator's state while this epoch draws no more from it: read
+    # once, not at every state_dict() (a DataLoader takes one per batch,
+    # and a torch.Generator's state is 5 KB to copy out). None: read anew.
+    _generator_state: Any = None
 
     @property
     def generator(self) -> GeneratorArg:
@@ -117,8 +121,10 @@ class _EpochSampler(Sampler[int]):
             self._rng = _seed.own_generator(self._rng)
             token, skip = _seed.draw_seed(self._rng), 0
         self._token, self._done, self._chunk_len, self._current = token, 0, 0, iter(())
+        self._generator_state = None
         done = 0
         for chunk in self._chunks(token):
+            self._generator_state = None  # drawing the chunk may have moved it
             if skip >= len(chunk):
                 skip -= len(chunk)
                 done += len(chunk)
@@ -135,7 +141,7 @@ class _EpochSampler(Sampler[int]):
             done += len(items)
         # Run out: a state taken now says that the next iteration starts a
         # new epoch (NOTE [ Resume contract ] in fastload._checkpoint).
-        self._token = None
+        self._token, self._generator_state = None, None
 
     def __iter__(self) -> Iterator[int]:
         for current in self._item_iterators():
@@ -162,8 +168,15 @@ class _EpochSampler(Sampler[int]):
         # Seeded now if not yet: a state taken before the first epoch then
         # fixes that epoch too.
         self._rng = _seed.own_generator(self._rng)
+        generator = self._generator_state
+        if generator is None:
+            generator = _seed.generator_state(self._rng)
+            if in_epoch:
+                # Nothing of this epoch draws from it until its next chunk
+                # (a draw by other code sharing it mid-epoch is not seen).
+                self._generator_state = generator
         return {
-            "generator": _seed.generator_state(self._rng),
+            "generator": generator,
             "epoch": self._token,
             "yielded": yielded if in_epoch else 0,
         }
@@ -172,6 +185,7 @@ class _EpochSampler(Sampler[int]):
         """Restore a ``state_dict()``: the next ``iter()`` continues the saved
         epoch where it stopped, and later epochs follow as they would have."""
         self._rng = _seed.restored_generator(self._rng, state["generator"])
+        self._generator_state = None
         self._resume = None if state["epoch"] is None else (state["epoch"], int(state["yielded"]))
 
 

@@ -432,3 +432,18 @@ def test_distributed_discovery_ignores_uninitialised_jax(monkeypatch, no_distrib
 def test_distributed_discovery_failure_names_the_arguments(no_distributed_env):
     with pytest.raises(ValueError, match="num_replicas= and rank="):
         DistributedSampler(range(10))
+
+
+@pytest.mark.parametrize("make_generator", [lambda: 0, lambda: np.random.default_rng(5)])
+def test_the_generator_state_read_once_per_epoch_is_the_generators(make_generator):
+    # state_dict() keeps the generator's state while the epoch draws nothing
+    # more from it; once the epoch ends it is read anew.
+    sampler = RandomSampler(range(20), generator=make_generator())
+    batches = iter(BatchSampler(sampler, 4, False))
+    next(batches)
+    for _ in range(3):
+        assert sampler.state_dict()["generator"] == sampler._rng.bit_generator.state
+        next(batches)
+    list(batches)
+    sampler._rng.integers(10)  # the loader draws its seeds from a shared one
+    assert sampler.state_dict()["generator"] == sampler._rng.bit_generator.state
