@@ -143,13 +143,24 @@ class _EpochSampler(Sampler[int]):
         # new epoch (NOTE [ Resume contract ] in fastload._checkpoint).
         self._token, self._generator_state = None, None
 
+    def _start_iteration(self) -> None:
+        """A new iteration, at iter() rather than at its first draw: a state
+        taken in between says that the next draw starts a new epoch, not
+        where an epoch left before its end stopped."""
+        self._token, self._generator_state = None, None
+        self._done, self._chunk_len, self._current = 0, 0, iter(())
+
     def __iter__(self) -> Iterator[int]:
-        for current in self._item_iterators():
-            yield from current
+        self._start_iteration()
+        return itertools.chain.from_iterable(self._item_iterators())
 
     def _batches(self, batch_size: int, drop_last: bool) -> Iterator[list[int]]:
         """What ``BatchSampler(self, batch_size, drop_last)`` yields, cut from
         the epoch's lists in C (islice) instead of one Python step per index."""
+        self._start_iteration()
+        return self._batch_lists(batch_size, drop_last)
+
+    def _batch_lists(self, batch_size: int, drop_last: bool) -> Iterator[list[int]]:
         batch: list[int] = []
         for current in self._item_iterators():
             while True:
@@ -335,16 +346,21 @@ class BatchSampler(Sampler[list[int]]):
         sampler = self.sampler
         # Fast paths for fastload's own samplers (not for subclasses that
         # change their iteration): the same batches, without a Python-level
-        # step per index.
+        # step per index. A random sampler's iteration starts at iter()
+        # (_EpochSampler._start_iteration); any other's at the first batch,
+        # as in torch.
         if type(sampler) is SequentialSampler:
-            size = len(sampler.data_source)
-            stop = size - size % self.batch_size if self.drop_last else size
-            for start in range(0, stop, self.batch_size):
-                yield list(range(start, min(start + self.batch_size, stop)))
-            return
+            return self._sequential_batches(len(sampler.data_source))
         if isinstance(sampler, _EpochSampler) and type(sampler).__iter__ is _EpochSampler.__iter__:
-            yield from sampler._batches(self.batch_size, self.drop_last)
-            return
+            return sampler._batches(self.batch_size, self.drop_last)
+        return self._grouped(sampler)
+
+    def _sequential_batches(self, size: int) -> Iterator[list[int]]:
+        stop = size - size % self.batch_size if self.drop_last else size
+        for start in range(0, stop, self.batch_size):
+            yield list(range(start, min(start + self.batch_size, stop)))
+
+    def _grouped(self, sampler: Sampler[int] | Iterable[int]) -> Iterator[list[int]]:
         indices = iter(sampler)
         if self.drop_last:
             # zip over one iterator repeated stops at the first short group.

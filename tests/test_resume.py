@@ -344,3 +344,22 @@ def test_state_of_a_loader_never_iterated(persistent):
     resumed = make()
     resumed.load_state_dict(make().state_dict())
     assert epochs(resumed, 2) == want
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_taken_at_iter_after_an_epoch_left_early_starts_the_new_epoch(workers):
+    # The sampler's iteration starts at iter(): a state taken before the new
+    # epoch's first batch no longer holds the position of the one left.
+    def make():
+        return fl.DataLoader(np.arange(40), batch_size=4, shuffle=True, generator=7,
+                             num_workers=workers)
+
+    loader = make()
+    left = iter(loader)
+    next(left), next(left)
+    it = iter(loader)
+    state = json.loads(json.dumps(loader.state_dict()))
+    expected = [b.tolist() for b in it] + [b.tolist() for b in loader]
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] + [b.tolist() for b in resumed] == expected
