@@ -411,7 +411,7 @@ class ThreadIter(WorkerIter):
         if not self.reusable:
             raise StopIteration  # the workers were stopped: the epoch ended there
         table, progress = self._table, self._progress
-        deadline = waiting = None  # the deadline is set when a wait begins
+        deadline = self._deadline()
         while True:
             next_ready = table.pop_next_batch(self._in_order, progress.stream_ended)
             if next_ready is not None:
@@ -427,8 +427,6 @@ class ThreadIter(WorkerIter):
                 if not self._persistent_workers:
                     self._stop()
                 raise StopIteration
-            if waiting is None:
-                deadline, waiting = self._deadline(), True
             self._wait(deadline)
 
     def _wait(self, deadline: float | None) -> None:

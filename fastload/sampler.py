@@ -121,7 +121,6 @@ class _EpochSampler(Sampler[int]):
             self._rng = _seed.own_generator(self._rng)
             token, skip = _seed.draw_seed(self._rng), 0
         self._token, self._done, self._chunk_len, self._current = token, 0, 0, iter(())
-        self._generator_state = None
         done = 0
         for chunk in self._chunks(token):
             self._generator_state = None  # drawing the chunk may have moved it
