@@ -40,7 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from fastload._torch import torch_data_class, torch_if_imported
+from fastload._torch import torch_data_classes, torch_if_imported
+from fastload._torch_draws import TORCH_RANDOM_SAMPLERS
 from fastload.distributed import DistributedSampler
 from fastload.sampler import (
     BatchSampler,
@@ -51,7 +52,6 @@ from fastload.sampler import (
 )
 
 _EPOCH_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
-_TORCH_GENERATOR_SAMPLERS = ("RandomSampler", "SubsetRandomSampler", "WeightedRandomSampler")
 
 
 def next_epoch_head(index_sampler: Any, count: int) -> list[Any] | None:
@@ -80,24 +80,18 @@ def _independent_copy(sampler: Any) -> Any:
         # would, unless a resumed epoch is pending (fastload.torch).
         inner = fresh_epoch_draws()
         return None if inner is None else _independent_copy(inner)
-    if kind in _torch_kinds(SequentialSampler, "SequentialSampler"):
+    if kind in torch_data_classes(SequentialSampler, "SequentialSampler"):
         return sampler  # iterating it moves nothing
-    if kind in _torch_kinds(BatchSampler, "BatchSampler"):
+    if kind in torch_data_classes(BatchSampler, "BatchSampler"):
         inner = _independent_copy(sampler.sampler)
         return None if inner is None else _copy_with(sampler, sampler=inner)
     if kind in _EPOCH_SAMPLERS:
         return _copy_with(sampler, _rng=_clone_generator(sampler._rng))
-    if kind in _torch_kinds(None, *_TORCH_GENERATOR_SAMPLERS):
+    if kind in torch_data_classes(None, *TORCH_RANDOM_SAMPLERS):
         return _copy_with(sampler, generator=_clone_generator(sampler.generator))
-    if kind in _torch_kinds(DistributedSampler, "DistributedSampler"):
+    if kind in torch_data_classes(DistributedSampler, "DistributedSampler"):
         return _copy_with(sampler, epoch=sampler.epoch + 1)
     return None
-
-
-def _torch_kinds(own: type | None, *torch_names: str) -> tuple[type, ...]:
-    """``own`` and torch's classes of those names that are loaded."""
-    kinds = [torch_data_class(name) for name in torch_names]
-    return tuple(kind for kind in (own, *kinds) if kind is not None)
 
 
 def _copy_with(original: Any, **attributes: Any) -> Any:

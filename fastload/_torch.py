@@ -47,6 +47,13 @@ def is_torch_generator(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.Generator)
 
 
+def torch_data_classes(own: type | None, *names: str) -> tuple[type, ...]:
+    """``own`` (if not None) and torch.utils.data's classes of those names,
+    those of them that are loaded: what an exact-type check accepts."""
+    kinds = (own, *(torch_data_class(name) for name in names))
+    return tuple(kind for kind in kinds if kind is not None)
+
+
 def torch_data_class(name: str) -> type | None:
     """torch.utils.data.<name> when torch is loaded, so torch's own Dataset and
     Sampler objects are recognised as inputs; None otherwise."""

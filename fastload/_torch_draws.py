@@ -15,10 +15,11 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from fastload._torch import torch_data_class
+from fastload._torch import torch_data_classes
 from fastload.sampler import BatchSampler
 
-_RANDOM_SAMPLERS = ("RandomSampler", "SubsetRandomSampler", "WeightedRandomSampler")
+# torch's random samplers, by name (their classes exist once torch is loaded).
+TORCH_RANDOM_SAMPLERS = ("RandomSampler", "SubsetRandomSampler", "WeightedRandomSampler")
 # The key that marks a state taken with a subclass of those (see
 # unresumable_sampler), naming it.
 UNRESUMABLE_SAMPLER = "torch_stateless_sampler"
@@ -105,14 +106,14 @@ class ResumableDraw:
 def is_torch_random_sampler(sampler: Any) -> bool:
     """Whether ``sampler`` is exactly one of torch's random samplers (a
     subclass may draw its order its own way)."""
-    return any(type(sampler) is torch_data_class(name) for name in _RANDOM_SAMPLERS)
+    return type(sampler) in torch_data_classes(None, *TORCH_RANDOM_SAMPLERS)
 
 
 def resumable(draws: Any) -> Any:
     """``draws`` (a sampler or batch sampler), through ResumableDraw where it
     is one of torch's random samplers or a BatchSampler, torch's or
     fastload's, over one."""
-    batching = type(draws) is BatchSampler or type(draws) is torch_data_class("BatchSampler")
+    batching = type(draws) in torch_data_classes(BatchSampler, "BatchSampler")
     inner = draws.sampler if batching else draws
     return ResumableDraw(draws, inner) if is_torch_random_sampler(inner) else draws
 
@@ -125,7 +126,7 @@ def unresumable_sampler(index_sampler: Any) -> str | None:
     if isinstance(index_sampler, ResumableDraw):
         return None
     sampler = getattr(index_sampler, "sampler", index_sampler)
-    kinds = tuple(kind for kind in map(torch_data_class, _RANDOM_SAMPLERS) if kind is not None)
+    kinds = torch_data_classes(None, *TORCH_RANDOM_SAMPLERS)
     if kinds and isinstance(sampler, kinds) and not hasattr(sampler, "state_dict"):
         return type(sampler).__name__
     return None

@@ -13,7 +13,7 @@ import numpy as np
 from fastload import _seed
 from fastload._gathered import GatheredBatch, GatheredTensors, gather
 from fastload._seed import GeneratorArg
-from fastload._torch import is_tensor, torch_data_class, torch_or_none
+from fastload._torch import is_tensor, torch_data_class, torch_data_classes, torch_or_none
 from fastload.collate import is_stacked_column
 from fastload.errors import InvalidArgumentError
 
@@ -165,7 +165,7 @@ def is_plain_subset(dataset: Any) -> bool:
     """Whether ``dataset`` is exactly fastload's or torch's ``Subset``, whose
     sample ``i`` is ``dataset.dataset[dataset.indices[i]]`` (a subclass may
     override that)."""
-    return type(dataset) is Subset or type(dataset) is torch_data_class("Subset")
+    return type(dataset) in torch_data_classes(Subset, "Subset")
 
 
 def gathered_columns(dataset: Any) -> tuple[Any, ...] | None:
