@@ -19,7 +19,6 @@ rotating order, ratios paired within a repeat.
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import resource
 import statistics
@@ -28,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from bench_threads import loader_rate  # one definition of a loader's rate
+from bench_threads import loader_rate, method_arguments  # one definition of each
 
 import fastload as fl
 
@@ -87,11 +86,7 @@ def main_loop_cpu(duration: float, clock: Callable[[], float], **kwargs: Any) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--duration", type=float, default=2.0)
-    parser.add_argument("--workers", type=int, default=2)
-    args = parser.parse_args()
+    args = method_arguments(__doc__)
     workers = args.workers
 
     loops: dict[str, tuple[Callable[[], float], dict[str, Any]]] = {

@@ -84,12 +84,18 @@ def take_rate(dataset: fl.ArrayDataset, batch_size: int, duration: float) -> flo
                 return samples / (time.perf_counter() - started)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def method_arguments(doc: str) -> argparse.Namespace:
+    """The arguments of the benches that compare worker methods (this one
+    and bench_main_loop): --repeats, --duration, --workers."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--duration", type=float, default=2.0)
     parser.add_argument("--workers", type=int, default=2)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = method_arguments(__doc__)
     workers = args.workers
     contenders: dict[str, dict[str, Any]] = {
         "thread": dict(num_workers=workers, worker_method="thread"),
