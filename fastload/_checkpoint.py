@@ -36,9 +36,11 @@ received, never what workers prefetched. It is made of:
   delivered since that snapshot fetched again and dropped (their side
   effects on the dataset, a random draw per sample say, are then where the
   saved run had them); loaded by worker processes,
-  each replica's, recorded in its worker at the worker's snapshot steps and
-  restored into the same worker id, which is why such a state only fits the
-  same number of worker processes. Worker threads share the main process's
+  each replica's, recorded in its worker with every batch it loads (so
+  nothing is fetched again: the state after a replica's last delivered
+  batch is where it stands at any step, whatever snapshot_every_n_steps)
+  and restored into the same worker id, which is why such a state only fits
+  the same number of worker processes. Worker threads share the main process's
   dataset: its state right after the fetch of the last delivered snapshot
   batch is the main process's. A state taken before any worker loaded
   holds the main process's dataset, which every replica then starts from;
@@ -457,15 +459,19 @@ def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any, map_style
         skip -= progress.sampler_step
     sampler_iter: Iterator[Any] = iter(index_sampler)
     if map_style:
-        if progress.yielded >= _length_or_none(index_sampler):
-            # Every batch was delivered, only the StopIteration was not.
-            # A sampler still inside that epoch runs out of its (empty)
-            # remainder now, so that its next iteration is a new epoch.
-            if progress.sampler is not None and _continues_an_epoch(index_sampler):
+        # Every batch was delivered, only the StopIteration was not: a
+        # sampler still inside that epoch (restored from a snapshot before
+        # its end, or at its end) runs out of its empty remainder now, so
+        # that its next iteration is a new epoch.
+        ended = progress.yielded >= _length_or_none(index_sampler)
+        runs_out = ended and progress.sampler is not None and (
+            skip > 0 or _continues_an_epoch(index_sampler))
+        skipped = [next(sampler_iter, None) for _ in range(skip)]
+        if ended:
+            if runs_out:
                 for _ in sampler_iter:
                     pass
             sampler_iter = iter(())
-        skipped = [next(sampler_iter, None) for _ in range(skip)]
         if state.dataset is not None:
             dataset.load_state_dict(state.dataset)
             progress.dataset, progress.dataset_step = state.dataset, state.dataset_step
@@ -506,8 +512,8 @@ def worker_states(state: LoaderState | None, num_workers: int,
 
 def replicas_carried(workers: list[WorkerState] | None) -> list[WorkerState] | None:
     """Persistent workers' map-style replicas at a new epoch: each where its
-    last recorded state left it (exact when that state came with its last
-    batch, as with snapshot_every_n_steps=1), nothing delivered yet."""
+    last delivered batch left it (``replica_snapshot``), nothing delivered
+    yet."""
     if workers is None:
         return None
     return [WorkerState(state=worker.state) for worker in workers]
@@ -515,10 +521,16 @@ def replicas_carried(workers: list[WorkerState] | None) -> list[WorkerState] | N
 
 def replica_snapshot(fetcher: DatasetFetcher, batches_done: int,
                      every: int) -> tuple[bool, Any]:
-    """What a worker sends with its batch ``batches_done``: (whether it is a
-    snapshot step, the replica's state then, else None); never with
-    ``snapshot_every_n_steps=0``."""
-    if fetcher.stateful and every > 0 and batches_done % every == 0:
+    """What a worker sends with its batch ``batches_done``: (whether it
+    records the replica's state, that state, else None). An iterable
+    stream's on its snapshot steps (never with ``snapshot_every_n_steps=0``);
+    a map-style replica's with every batch, whatever the setting: its
+    delivered batches are not fetched again on resume, so the state of any
+    step must be where that replica stands (NOTE [ Resume contract ])."""
+    if not fetcher.stateful:
+        return False, None
+    if not isinstance(fetcher, IterableDatasetFetcher) or (
+            every > 0 and batches_done % every == 0):
         return True, fetcher.state()
     return False, None
 

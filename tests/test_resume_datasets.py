@@ -417,6 +417,36 @@ def test_batches_after_a_dataset_snapshot_are_fetched_again_for_their_side_effec
     assert head + [b.tolist() for b in resumed] == full
 
 
+@pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
+@pytest.mark.parametrize("every", [1, 4, 0])
+def test_a_state_of_any_step_resumes_the_dataset_and_the_next_epoch(every, workers, persistent):
+    """A state taken at any step, not only at a snapshot step, puts the
+    dataset where it stood (a replica in a worker process records its state
+    with every batch; in the main process the batches since the snapshot
+    are fetched again), and the epoch after it shuffles as it would have,
+    the last step's state included (torchdata's TestSnapshotZero and
+    TestSnapshotEnd map cases)."""
+    def make():
+        return fl.DataLoader(Drawing(), batch_size=3, shuffle=True, generator=1,
+                             num_workers=workers, snapshot_every_n_steps=every,
+                             persistent_workers=persistent)
+
+    def rows(batches):
+        return [b.tolist() for b in batches]
+
+    uninterrupted = make()
+    full = rows(uninterrupted) + rows(uninterrupted)
+    for taken in (0, 1, 2, 5, 10):
+        loader = make()
+        it = iter(loader)
+        head = rows(next(it) for _ in range(taken))
+        state = json.loads(json.dumps(loader.state_dict()))
+        del it, loader
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert head + rows(resumed) + rows(resumed) == full, taken
+
+
 def test_torchs_random_sampler_resumes_beside_a_dataset_that_sets_torchs_rng():
     """torch's RandomSampler draws its epoch's seed from torch's global RNG
     at its first step; a dataset whose state is that RNG is restored after."""
