@@ -24,6 +24,7 @@ from fastload.errors import (
     InvalidArgumentError,
     RingClosedError,
     ShmError,
+    StateMismatchError,
     WorkerDiedError,
 )
 from fastload.loader import DataLoader, StatefulDataLoader
@@ -62,6 +63,7 @@ __all__ = [
     "Sampler",
     "SequentialSampler",
     "ShmError",
+    "StateMismatchError",
     "StackDataset",
     "StatefulDataLoader",
     "Subset",

@@ -85,6 +85,7 @@ from fastload._fetch import (
     is_stateful,
     skip_batches,
 )
+from fastload.errors import StateMismatchError
 
 STATE_VERSION = 3
 # Fields an older state lacks, by its version, with the value that means what
@@ -307,8 +308,8 @@ def replicas_in_workers(loader: Any) -> bool:
 
 
 def check_compatible(state: LoaderState, loader: Any) -> None:
-    """Raise ValueError naming every setting in which ``state`` and the
-    loader differ; a state that does not fit must never yield wrong data."""
+    """Raise StateMismatchError naming every setting in which ``state`` and
+    the loader differ; a state that does not fit must never yield wrong data."""
     expected = describe_loader(loader)
     saved = state.settings
     differences = []
@@ -320,7 +321,8 @@ def check_compatible(state: LoaderState, loader: Any) -> None:
         elif saved[key] != here:
             differences.append(f"{key} is {here!r} here but {saved[key]!r} in the state")
     if differences:
-        raise ValueError("cannot load this DataLoader state: " + "; ".join(differences))
+        raise StateMismatchError("cannot resume from this DataLoader state: "
+                                 + "; ".join(differences))
 
 
 def _ranges(positions: Iterable[int]) -> list[list[int]]:
@@ -382,15 +384,19 @@ def capture(loader: Any) -> dict[str, Any]:
 # -- restore ---------------------------------------------------------------
 
 def load(loader: Any, state: dict[str, Any]) -> LoaderState | None:
-    """``DataLoader.load_state_dict()``: the checked state, for the next
-    ``iter()`` to resume from (None for an empty state: start fresh). A state
-    taken after an epoch ran out restores the sampler and the dataset now,
-    so that, as in the original run, a ``set_epoch`` before that ``iter()``
-    applies on top."""
+    """``DataLoader.load_state_dict()``: the state read (ValueError when it is
+    none), for the next ``iter()`` to resume from (None for an empty state:
+    start fresh). A state taken after an epoch ran out restores the sampler
+    and the dataset now, so that, as in the original run, a ``set_epoch``
+    before that ``iter()`` applies on top; a state whose settings do not fit
+    the loader restores nothing, and ``start`` refuses it."""
     if not state:
         return None  # torchdata's "start fresh"
     typed = LoaderState.from_dict(copy.deepcopy(state))
-    check_compatible(typed, loader)
+    try:
+        check_compatible(typed, loader)
+    except StateMismatchError:
+        return typed  # raised at iter(), where torchdata raises it
     if typed.finished and typed.sampler is not None:
         # A sampler that ran out describes a new epoch next.
         loader._index_sampler.load_state_dict(typed.sampler)
@@ -419,7 +425,9 @@ class ResumeStart:
 
 def start(loader: Any, state: LoaderState) -> ResumeStart:
     """Apply a pending state at ``iter()``: the loader's generator and epoch
-    now; the rest by what the result says."""
+    now; the rest by what the result says. StateMismatchError, before
+    anything is applied, when the state does not fit the loader."""
+    check_compatible(state, loader)
     loader._rng = _seed.restored_generator(loader._rng, state.generator)
     loader._epoch = state.epoch + 1 if state.finished else state.epoch
     if not state.finished:

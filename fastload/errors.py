@@ -15,6 +15,7 @@ __all__ = [
     "InvalidArgumentError",
     "RingClosedError",
     "ShmError",
+    "StateMismatchError",
     "WorkerDiedError",
 ]
 
@@ -25,6 +26,15 @@ class InvalidArgumentError(FastloadError, ValueError, AssertionError):
 
     A ValueError by meaning; also an AssertionError because that is what torch
     raises in these cases, so code written against torch still catches it."""
+
+
+class StateMismatchError(FastloadError, ValueError, AssertionError):
+    """A loaded ``state_dict`` was taken with settings this loader does not
+    have (another dataset length, batch size, number of workers), raised at
+    the ``iter()`` that would resume from it.
+
+    A ValueError by meaning; also an AssertionError because that is what
+    torchdata's StatefulDataLoader raises there."""
 
 
 class WorkerDiedError(FastloadError, RuntimeError):

@@ -37,7 +37,7 @@ from fastload._warnings import warn_at_caller
 from fastload.collate import default_collate, default_convert
 from fastload.dataset import Dataset, _is_iterable_dataset
 from fastload.distributed import warn_if_not_sharded
-from fastload.errors import InvalidArgumentError
+from fastload.errors import InvalidArgumentError, StateMismatchError
 from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
 __all__ = ["DataLoader", "StatefulDataLoader"]
@@ -330,7 +330,11 @@ class DataLoader(Generic[T_co]):
         pending, self._resume_state = self._resume_state, None
         resume, kept_base_seed, start_states = None, None, None
         if pending is not None:
-            start = _checkpoint.start(self, pending)
+            try:
+                start = _checkpoint.start(self, pending)
+            except StateMismatchError:
+                self._resume_state = pending  # every iter() refuses it until another load
+                raise
             resume, kept_base_seed, start_states = (start.state, start.base_seed,
                                                     start.replica_states)
             if self._iterator is not None:
@@ -373,10 +377,13 @@ class DataLoader(Generic[T_co]):
         """Resume from a ``state_dict()`` at the next ``iter()`` (a state taken
         after an epoch ran out restores the sampler at once, so that, as in the
         original run, a ``set_epoch`` before that ``iter()`` applies). An empty
-        state is a no-op. Raises ValueError, naming what differs, for a state
-        of a loader with another dataset length, batch size, drop_last, or
-        (datasets whose replicas keep a state) number of workers, and for
-        anything that is not such a state."""
+        state is a no-op. Raises ValueError for anything that is not such a
+        state. A state of a loader with another dataset length, batch size,
+        drop_last, or (datasets whose replicas keep a state) number of
+        workers is refused at the next ``iter()``, as torchdata refuses it,
+        with StateMismatchError naming what differs (a ValueError and an
+        AssertionError), and at every ``iter()`` until another state is
+        loaded."""
         refuse_unresumable(state)
         self._resume_state = _checkpoint.load(self, state)
 

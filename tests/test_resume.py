@@ -229,28 +229,57 @@ def test_sample_rng_outside_a_loader_says_how_to_use_it():
     (dict(drop_last=True), "drop_last is True here but False"),
 ])
 def test_incompatible_state_is_refused(change, message):
+    """As torchdata: the load goes through and the iter() that would resume
+    raises, a ValueError and the AssertionError torchdata raises; again at
+    every iter() until another state is loaded."""
     loader = fl.DataLoader(Augmented(), batch_size=4)
     next(iter(loader))
     state = loader.state_dict()
     other = fl.DataLoader(Augmented(), **{"batch_size": 4, **change})
-    with pytest.raises(ValueError, match=message):
-        other.load_state_dict(state)
+    other.load_state_dict(state)
+    for error in (ValueError, AssertionError, fl.StateMismatchError):
+        with pytest.raises(error, match=message):
+            iter(other)
+    other.load_state_dict({})
+    assert len(list(other)) == len(other)
 
 
 def test_state_of_another_dataset_length_is_refused():
     loader = fl.DataLoader(fl.ArrayDataset(np.arange(10)), batch_size=2)
     next(iter(loader))
     state = loader.state_dict()
-    with pytest.raises(ValueError, match="dataset_length is 11 here but 10"):
-        fl.DataLoader(fl.ArrayDataset(np.arange(11)), batch_size=2).load_state_dict(state)
+    other = fl.DataLoader(fl.ArrayDataset(np.arange(11)), batch_size=2)
+    other.load_state_dict(state)
+    with pytest.raises(fl.StateMismatchError, match="dataset_length is 11 here but 10"):
+        iter(other)
+
+
+def test_a_refused_state_that_ran_out_restores_nothing():
+    """A state taken after its epoch ran out restores the sampler at
+    load_state_dict, unless it does not fit: then nothing is touched."""
+    loader = fl.DataLoader(fl.ArrayDataset(np.arange(10)), batch_size=2, shuffle=True,
+                           generator=5)
+    list(loader)
+    state = loader.state_dict()
+    other = fl.DataLoader(fl.ArrayDataset(np.arange(10)), batch_size=3, shuffle=True,
+                          generator=5)
+    fresh = fl.DataLoader(fl.ArrayDataset(np.arange(10)), batch_size=3, shuffle=True,
+                          generator=5)
+    other.load_state_dict(state)
+    with pytest.raises(fl.StateMismatchError, match="batch_size is 3 here but 2"):
+        iter(other)
+    other.load_state_dict({})
+    assert [b[0].tolist() for b in other] == [b[0].tolist() for b in fresh]
 
 
 def test_iterable_state_needs_the_same_worker_count():
     loader = fl.DataLoader(Counting(), batch_size=2, num_workers=2)
     next(iter(loader))
     state = loader.state_dict()
-    with pytest.raises(ValueError, match="num_workers is 0 here but 2"):
-        fl.DataLoader(Counting(), batch_size=2).load_state_dict(state)
+    other = fl.DataLoader(Counting(), batch_size=2)
+    other.load_state_dict(state)
+    with pytest.raises(fl.StateMismatchError, match="num_workers is 0 here but 2"):
+        iter(other)
 
 
 def test_not_a_state_is_refused():

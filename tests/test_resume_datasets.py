@@ -332,8 +332,9 @@ def test_map_style_replica_states_fit_only_as_many_worker_processes():
             (2, "thread", "worker_method is 'thread' here but 'multiprocessing' in the state")):
         other = fl.DataLoader(Counting(), batch_size=3, num_workers=workers,
                               worker_method=method)
-        with pytest.raises(ValueError, match=difference):
-            other.load_state_dict(state)
+        other.load_state_dict(state)
+        with pytest.raises(fl.StateMismatchError, match=difference):
+            iter(other)
 
 
 def test_a_map_style_state_before_any_worker_loaded_seeds_every_replica():
