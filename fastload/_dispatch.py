@@ -52,6 +52,8 @@ class RoundRobin:
                                 and loader._dataset_kind is DatasetKind.MAP)
         self._turns: Iterator[int] = iter(())
         self._active: list[bool] = []
+        # Whether any worker's stream goes on: tasks may still be sent.
+        self.has_active = False
 
     def begin(self, progress: Progress) -> None:
         """A new epoch's turns. They start after the worker of the last
@@ -62,16 +64,15 @@ class RoundRobin:
             [(progress.next_worker + i) % workers for i in range(workers)])
         self._active = [not (progress.workers and progress.workers[w].ended)
                         for w in range(workers)]
-
-    def any_active(self) -> bool:
-        return any(self._active)
+        self.has_active = any(self._active)
 
     def retire(self, worker_id: int) -> None:
         """``worker_id``'s iterable stream ended: no more tasks this epoch."""
         self._active[worker_id] = False
+        self.has_active = any(self._active)
 
     def next_worker(self, table: TaskTable) -> int:
-        """The worker of the next task (``any_active()`` must hold)."""
+        """The worker of the next task (``has_active`` must hold)."""
         worker_id = next(self._turns)
         while not self._active[worker_id]:
             worker_id = next(self._turns)

@@ -149,28 +149,25 @@ class CarriedTasks:
     them in order; the first wrong guess drops the rest."""
 
     def __init__(self, tasks: deque[tuple[int, Any, int]] | None = None) -> None:
-        self._tasks = tasks if tasks is not None else deque()
-
-    def __bool__(self) -> bool:
-        """Whether any task waits to be adopted."""
-        return bool(self._tasks)
+        # (task id, index, worker id) of each task still to adopt, in order.
+        self.tasks = tasks if tasks is not None else deque()
 
     def ids(self) -> set[int]:
-        return {task_id for task_id, _, _ in self._tasks}
+        return {task_id for task_id, _, _ in self.tasks}
 
     def adopt(self, index: Any, worker_id: int) -> tuple[int | None, list[int]]:
         """(the task that loads ``index`` on ``worker_id`` at this position
         of the epoch, if the guess was right; the tasks given up, if not)."""
-        if not self._tasks:
+        if not self.tasks:
             return None, []
-        task_id, guessed_index, guessed_worker = self._tasks[0]
+        task_id, guessed_index, guessed_worker = self.tasks[0]
         if guessed_worker == worker_id and guessed_index == index:
-            self._tasks.popleft()
+            self.tasks.popleft()
             return task_id, []
         return None, self.drop()
 
     def drop(self) -> list[int]:
         """Give every carried task up; their ids."""
-        dropped = [task_id for task_id, _, _ in self._tasks]
-        self._tasks.clear()
+        dropped = [task_id for task_id, _, _ in self.tasks]
+        self.tasks.clear()
         return dropped

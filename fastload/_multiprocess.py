@@ -101,7 +101,7 @@ class MultiProcessingIter(WorkerIter):
             batch.error.reraise(self._workers.pids[batch.error.worker_id])
         if self._pin_custom and hasattr(batch, "pin_memory"):
             batch = batch.pin_memory()  # the slots themselves are pinned
-        return self._convert(batch)
+        return batch if self._output is None else self._convert(batch)
 
     @contextlib.contextmanager
     def _errors_raised(self) -> Iterator[None]:

@@ -43,16 +43,15 @@ from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT, STA
 from fastload._stats import WorkerStats
 from fastload._task_table import STREAM_ENDED, Failure, Task, TaskTable
 from fastload._worker_error import WorkerError
-from fastload._worker_group import WorkerGroup, WorkerGroupDied
+from fastload._worker_group import SIGCHLD_SAFETY_SECONDS, WorkerGroup, WorkerGroupDied
 from fastload.errors import ShmError
 from fastload_c import pack
 
 # Without SIGCHLD (forkserver workers are not our children) the waiting main
 # thread looks at its workers this often, well inside the 100 ms the user
-# is promised to hear of a death. With SIGCHLD it still looks now and then,
-# in case a library replaced the handler after the workers started.
+# is promised to hear of a death. With SIGCHLD it still looks now and then
+# (SIGCHLD_SAFETY_SECONDS).
 DEATH_POLL_SECONDS = 0.05
-SIGCHLD_SAFETY_SECONDS = 1.0
 
 
 def _slot_of(lease: Any) -> tuple[int, int, int]:
@@ -150,26 +149,33 @@ class ProcessDispatcher:
         worker raised), waiting for it for at most ``timeout``; None when the
         epoch has no task left. ``stream_ended`` gets each task passed over
         because its worker's iterable stream had run out."""
-        deadline = deadline_after(self._timeout)
         if self._needs or self._owed:
             self._settle()
-        table = self.table
+        table, pool = self.table, self.workers.pool
+        waits = 0
         while True:
             found = table.pop_next_batch(self._in_order, stream_ended)
             if found is not None:
                 task, batch = found
-                if not isinstance(batch, Failure) and not self._keeps_slot():
+                # A free slot means the pool is not at its cap: the batch
+                # keeps its slot without asking _keeps_slot (issue 18's
+                # main-loop budget).
+                if (not isinstance(batch, Failure) and (self._copy_out or not pool.free_slots)
+                        and not self._keeps_slot()):
                     # The user gets a private copy; the slot comes back now
                     # (the worker is done with it).
                     batch = _copy_out(batch)
                     task.lease = None
-                if self.workers.pool.free_slots:
+                if pool.free_slots:
                     self._dispatch()
                 else:
                     self._owed += 1  # growing the pool can wait for the next call
                 return task, batch
             if not table.order:
                 return None
+            if not waits:  # the timeout counts from the first wait
+                deadline = deadline_after(self._timeout)
+            waits += 1
             awaited = table.in_flight.get(table.order[0]) if self._in_order else None
             self._settle(awaited.worker_id if awaited is not None else None)
             self._pump(deadline)
@@ -203,7 +209,7 @@ class ProcessDispatcher:
         if self._draw.done:
             self._dispatch_lookahead()
             return
-        if not self._round_robin.any_active():
+        if not self._round_robin.has_active:
             return
         drawn = self._draw.next()
         if drawn is None:
@@ -214,7 +220,7 @@ class ProcessDispatcher:
         index, position, snapshot = drawn
         worker_id = self._round_robin.next_worker(self.table)
         task_id = None
-        if self._carried:
+        if self._carried.tasks:
             task_id, dropped = self._carried.adopt(index, worker_id)
             self.table.abandon(dropped)
         if task_id is None:
@@ -386,6 +392,16 @@ class ProcessDispatcher:
         module's docstring)."""
         kind, task_id = message[0], message[1]
         table = self.table
+        if kind == DONE:  # every batch's answer: first
+            task = table.in_flight.get(task_id)
+            if task is None:
+                table.answered_stale(task_id)
+                return
+            table.finish(task_id, pack.unpack(task.lease, message[2]))
+            self._stats[task.worker_id].add(message[3], message[4])
+            task.has_dataset_state, task.dataset_state = message[5], message[6]
+            task.dataset_ended = message[7]
+            return
         if kind == FAILED and task_id == INIT_TASK:
             raise WorkerSetupFailed(message[2])
         if kind == STARTED:
@@ -397,11 +413,6 @@ class ProcessDispatcher:
         task = table.in_flight.get(task_id)
         if task is None:
             table.answered_stale(task_id)
-        elif kind == DONE:
-            table.finish(task_id, pack.unpack(task.lease, message[2]))
-            self._stats[task.worker_id].add(message[3], message[4])
-            task.has_dataset_state, task.dataset_state = message[5], message[6]
-            task.dataset_ended = message[7]
         elif kind == ENDED:
             task.dataset_state = message[2]
             table.finish(task_id, STREAM_ENDED)

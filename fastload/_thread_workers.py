@@ -395,7 +395,7 @@ class ThreadIter(WorkerIter):
 
     def _dispatch(self) -> None:
         """Send the next batch's task to the next active worker, if any."""
-        if not self._round_robin.any_active():
+        if not self._round_robin.has_active:
             return
         drawn = self._draw.next()
         if drawn is None:
@@ -411,7 +411,7 @@ class ThreadIter(WorkerIter):
         if not self.reusable:
             raise StopIteration  # the workers were stopped: the epoch ended there
         table, progress = self._table, self._progress
-        deadline = self._deadline()
+        waits = 0
         while True:
             next_ready = table.pop_next_batch(self._in_order, progress.stream_ended)
             if next_ready is not None:
@@ -422,11 +422,14 @@ class ThreadIter(WorkerIter):
                     batch.reraise(os.getpid())
                 if self._pin_torch is not None:
                     batch = pin_batch(self._pin_torch, batch)
-                return self._convert(batch)
+                return batch if self._output is None else self._convert(batch)
             if not table.order:
                 if not self._persistent_workers:
                     self._stop()
                 raise StopIteration
+            if not waits:  # the timeout counts from the first wait
+                deadline = self._deadline()
+            waits += 1
             self._wait(deadline)
 
     def _wait(self, deadline: float | None) -> None:

@@ -53,6 +53,9 @@ from fastload_c import proc
 from fastload_c.ring import Doorbell, Ring
 from fastload_c.shm import send_segments
 
+# Where SIGCHLD tells of deaths, the workers are still looked at this often,
+# in case a library replaced the handler after they started.
+SIGCHLD_SAFETY_SECONDS = 1.0
 # Results are records of at most _protocol.INLINE_BYTES; the main process
 # drains them as they come.
 RESULT_RING_BYTES = 1 << 18
@@ -169,6 +172,10 @@ class WorkerGroup:
         self.sigchld = _sigchld_wakes_us(context)
         if self.sigchld:
             proc.ring_on_sigchld(self.doorbell)
+        # raise_if_dead's last look: SIGCHLDs counted then, and when the
+        # next look is due anyway.
+        self._sigchlds_seen = -1
+        self._next_look = 0.0
         self.channels = channels = _Channels()
         self.task_rings = channels.task_rings
         self.sockets = channels.sockets
@@ -278,6 +285,15 @@ class WorkerGroup:
             self.send(worker_id, (RESET, epoch, pipe_seed))
 
     def raise_if_dead(self) -> None:
+        """WorkerGroupDied when a worker exited. Where SIGCHLD tells of
+        deaths, the processes are looked at (a waitpid each) only after a
+        SIGCHLD came, or SIGCHLD_SAFETY_SECONDS after the last look: every
+        wait of the main loop passes here (issue 18's budget)."""
+        if self.sigchld:
+            count, now = proc.sigchld_count(), time.monotonic()
+            if count == self._sigchlds_seen and now < self._next_look:
+                return
+            self._sigchlds_seen, self._next_look = count, now + SIGCHLD_SAFETY_SECONDS
         self.channels.raise_if_dead()
 
     def shutdown(self) -> None:

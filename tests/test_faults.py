@@ -227,6 +227,35 @@ def test_sigkill_of_the_parent_leaves_no_worker():
         proc.wait()
 
 
+def test_a_death_is_noticed_when_a_library_replaced_the_sigchld_handler():
+    """The main loop looks at its workers only after a SIGCHLD, and still
+    once a second: a handler a library put in after the workers started (no
+    SIGCHLD counted, no doorbell rung) delays the news by that second, not
+    for ever. In a process of its own: the handler stays replaced."""
+    proc = run_script("""
+        import os, signal, threading, time, fastload as fl
+        class Slow(fl.Dataset):
+            def __len__(self): return 4
+            def __getitem__(self, i):
+                time.sleep(60); return i
+        it = iter(fl.DataLoader(Slow(), batch_size=1, num_workers=1))
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        threading.Timer(0.3, os.kill, (it.worker_pids[0], signal.SIGKILL)).start()
+        started = time.perf_counter()
+        try:
+            next(it)
+        except fl.WorkerDiedError:
+            print(f"noticed {time.perf_counter() - started:.2f}", flush=True)
+    """)
+    try:
+        out, err = proc.communicate(timeout=30)
+        assert out.startswith("noticed"), (out, err)
+        assert 0.3 <= float(out.split()[1]) < 10
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_keyboard_interrupt_mid_iteration_shuts_down():
     proc = run_script("""
         import os, signal, threading, time, fastload as fl, psutil
