@@ -23,7 +23,7 @@ from fastload._checkpoint import (
     sampler_state,
     sampler_state_getter,
 )
-from fastload._fetch import DatasetKind, create_fetcher
+from fastload._fetch import DatasetKind, create_fetcher, is_stateful
 from fastload._sample_rng import context as sample_context
 from fastload._stats import LoaderStats
 from fastload._torch import torch_or_none
@@ -228,10 +228,24 @@ class BaseIter:
     def _next_data(self) -> Any:
         raise NotImplementedError
 
+    def _record_shared_start(self) -> None:
+        """A map-style dataset loaded in this process by worker threads, with
+        a state: a state taken before the epoch's first batch holds where it
+        starts (taken before any thread fetches; the main process's own
+        loop takes it from its fetcher)."""
+        if self._map_style and is_stateful(self._dataset):
+            self._progress.dataset = self._dataset.state_dict()
+            self._progress.dataset_step = 0
+
     def _end_epoch(self) -> None:
-        """The sampler ran out: the state now says "epoch finished"."""
-        self._progress.finished = True
-        self._progress.sampler = sampler_state(self._index_sampler)
+        """The sampler ran out: the state now says "epoch finished", and holds
+        where a map-style dataset loaded in this process ended (0 workers,
+        threads): a resume between epochs fetches nothing again."""
+        progress = self._progress
+        progress.finished = True
+        progress.sampler = sampler_state(self._index_sampler)
+        if self._map_style and progress.workers is None and is_stateful(self._dataset):
+            progress.dataset, progress.dataset_step = self._dataset.state_dict(), progress.yielded
 
     def _convert(self, data: Any) -> Any:
         """The batch in the types ``output`` asks for: leaves as the samples
@@ -315,12 +329,16 @@ class SingleProcessIter(BaseIter):
     def _end_epoch(self) -> None:
         super()._end_epoch()
         if self._fetcher.stateful and not self._map_style:
-            # The dataset has seen the end of its stream (a counter of epochs
-            # moved on, say): that is what the next epoch starts from.
-            progress = self._progress
-            progress.dataset = self._fetcher.end_state()  # type: ignore[attr-defined]
-            progress.dataset_step = progress.yielded
-            progress.dataset_ended = True
+            self._record_stream_end(self._progress.yielded)
+
+    def _record_stream_end(self, step: int) -> None:
+        """The dataset has seen the end of its stream (a counter of epochs
+        moved on, say) by batch ``step``: that is what the next epoch starts
+        from, and nothing after it is read again on resume."""
+        progress = self._progress
+        progress.dataset = self._fetcher.end_state()  # type: ignore[attr-defined]
+        progress.dataset_step = step
+        progress.dataset_ended = True
 
     def _next_data(self) -> Any:
         progress = self._progress
@@ -343,7 +361,10 @@ class SingleProcessIter(BaseIter):
             progress.dataset = self._fetcher.state()
             progress.dataset_step = progress.yielded + 1
         if not self._map_style:
-            progress.dataset_ended = self._fetcher.ended  # type: ignore[attr-defined]
+            ended = self._fetcher.ended  # type: ignore[attr-defined]
+            if ended and self._fetcher.stateful and not progress.dataset_ended:
+                self._record_stream_end(progress.yielded + 1)  # ran out inside this batch
+            progress.dataset_ended = ended
         progress.deliver(position, sampler_snapshot)
         if self._pin_torch is not None:
             data = pin_batch(self._pin_torch, data)

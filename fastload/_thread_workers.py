@@ -337,6 +337,8 @@ class ThreadIter(WorkerIter):
         resumed: list[WorkerState | None] = [None] * workers
         if resume is not None and progress.workers is not None:
             resumed = list(progress.workers)
+        if resume is None:
+            self._record_shared_start()
         config = _Config(loader, self._base_seed)
         self._workers = [
             _Worker(i, config, self._results, progress.epoch, progress.datapipe_seed, resumed[i],
@@ -391,6 +393,7 @@ class ThreadIter(WorkerIter):
         table.stale.clear()  # their answers are dropped when they arrive
         for worker in self._workers:
             worker.tasks.put((RESET, self._progress.epoch, self._progress.datapipe_seed))
+        self._record_shared_start()
         self._begin_epoch()
 
     def _dispatch(self) -> None:

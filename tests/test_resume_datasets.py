@@ -448,6 +448,70 @@ def test_a_state_of_any_step_resumes_the_dataset_and_the_next_epoch(every, worke
         assert head + rows(resumed) + rows(resumed) == full, taken
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("every", [0, 2, 3])
+def test_a_map_style_dataset_in_this_process_is_saved_where_its_epoch_ended(every, workers):
+    """After the StopIteration, the state holds where the dataset loaded in
+    this process (0 workers, threads) ended, not its last snapshot: the
+    next epoch draws on from there."""
+    def make():
+        return fl.DataLoader(Drawing(), batch_size=4, snapshot_every_n_steps=every,
+                             num_workers=workers, worker_method="thread")
+
+    uninterrupted = make()
+    list(uninterrupted)
+    expected = [b.tolist() for b in uninterrupted]
+    saved = make()
+    list(saved)
+    resumed = make()
+    resumed.load_state_dict(json.loads(json.dumps(saved.state_dict())))
+    assert [b.tolist() for b in resumed] == expected
+
+
+@pytest.mark.parametrize("every", [0, 2, 3])
+def test_a_stream_that_ran_out_inside_the_last_batch_is_saved_at_its_end(every):
+    """A stream that runs out while the last (short) batch is read has seen
+    its end then: a state taken before the StopIteration starts the next
+    epoch where the uninterrupted run does (its epoch counter moved on)."""
+    def make():
+        return fl.DataLoader(Cursor(10), batch_size=4, snapshot_every_n_steps=every)
+
+    def run(loader, interrupt):
+        it = iter(loader)
+        for _ in range(3):  # 4 + 4 + 2 samples: the stream ran out in the last
+            next(it)
+        if interrupt:
+            return loader.state_dict()
+        return values(it) + values(loader) + values(loader)
+
+    expected = run(make(), False)
+    assert expected == list(range(100, 110)) + list(range(200, 210))
+    resumed = make()
+    resumed.load_state_dict(json.loads(json.dumps(run(make(), True))))
+    assert values(resumed) + values(resumed) + values(resumed) == expected
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_worker_threads_save_their_shared_dataset_where_an_epoch_starts(persistent):
+    """A state taken right after iter() holds the shared dataset's state
+    then (threads fetch only once tasks are sent), in later epochs too."""
+    def make():
+        return fl.DataLoader(Counting(), batch_size=2, num_workers=1, worker_method="thread",
+                             persistent_workers=persistent)
+
+    uninterrupted = make()
+    list(uninterrupted)
+    expected = [b.tolist() for b in uninterrupted]
+    loader = make()
+    list(loader)
+    iter(loader)
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["dataset"] == {"served": 12} and state["dataset_step"] == 0
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == expected
+
+
 def test_torchs_random_sampler_resumes_beside_a_dataset_that_sets_torchs_rng():
     """torch's RandomSampler draws its epoch's seed from torch's global RNG
     at its first step; a dataset whose state is that RNG is restored after."""
