@@ -465,6 +465,8 @@ def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any, map_style
     if progress.sampler is not None:
         index_sampler.load_state_dict(progress.sampler)
         skip -= progress.sampler_step
+    # Asked before iter(), which may take the restored position up at once.
+    continues = progress.sampler is not None and _continues_an_epoch(index_sampler)
     sampler_iter: Iterator[Any] = iter(index_sampler)
     if map_style:
         # Every batch was delivered, only the StopIteration was not: a
@@ -472,8 +474,7 @@ def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any, map_style
         # its end, or at its end) runs out of its empty remainder now, so
         # that its next iteration is a new epoch.
         ended = progress.yielded >= _length_or_none(index_sampler)
-        runs_out = ended and progress.sampler is not None and (
-            skip > 0 or _continues_an_epoch(index_sampler))
+        runs_out = ended and progress.sampler is not None and (skip > 0 or continues)
         skipped = [next(sampler_iter, None) for _ in range(skip)]
         if ended:
             if runs_out:

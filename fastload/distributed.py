@@ -294,6 +294,10 @@ class DistributedSampler(Sampler[int]):
         self._current, self._current_len, self._current_epoch = current, len(shard), self.epoch
         return self._run(current)
 
+    # What BatchSampler looks for: this class's __iter__ sets its iteration
+    # up at once (a subclass that replaces __iter__ is not known to).
+    _iteration_starts_at_iter = __iter__
+
     def _run(self, current: Iterator[int]) -> Iterator[int]:
         yield from current
         # Ran out: the next iter() starts an epoch from the beginning, and the

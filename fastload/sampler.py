@@ -346,21 +346,29 @@ class BatchSampler(Sampler[list[int]]):
         # Fast paths for fastload's own samplers (not for subclasses that
         # change their iteration): the same batches, without a Python-level
         # step per index. A random sampler's iteration starts at iter()
-        # (_EpochSampler._start_iteration); any other's at the first batch,
-        # as in torch.
+        # (_EpochSampler._start_iteration), and so does one that sets its
+        # iteration up in __iter__ (fastload's DistributedSampler, not a
+        # subclass with its own __iter__), so that a state taken before the
+        # first batch is the new iteration's; any other's at the first
+        # batch, as in torch.
         if type(sampler) is SequentialSampler:
             return self._sequential_batches(len(sampler.data_source))
         if isinstance(sampler, _EpochSampler) and type(sampler).__iter__ is _EpochSampler.__iter__:
             return sampler._batches(self.batch_size, self.drop_last)
-        return self._grouped(sampler)
+        if getattr(type(sampler), "_iteration_starts_at_iter", None) is type(sampler).__iter__:
+            return self._grouped(iter(sampler))
+        return self._grouped_from_first_batch(sampler)
+
+    def _grouped_from_first_batch(self, sampler: Sampler[int] | Iterable[int]
+                                  ) -> Iterator[list[int]]:
+        yield from self._grouped(iter(sampler))
 
     def _sequential_batches(self, size: int) -> Iterator[list[int]]:
         stop = size - size % self.batch_size if self.drop_last else size
         for start in range(0, stop, self.batch_size):
             yield list(range(start, min(start + self.batch_size, stop)))
 
-    def _grouped(self, sampler: Sampler[int] | Iterable[int]) -> Iterator[list[int]]:
-        indices = iter(sampler)
+    def _grouped(self, indices: Iterator[int]) -> Iterator[list[int]]:
         if self.drop_last:
             # zip over one iterator repeated stops at the first short group.
             for group in zip(*[indices] * self.batch_size):

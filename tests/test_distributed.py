@@ -418,6 +418,49 @@ def test_state_taken_before_the_first_batch_of_an_epoch(set_epoch):
     assert values(resumed) == want and len(want) == 2
 
 
+@pytest.mark.parametrize("taken", [0, 1])
+def test_a_state_taken_after_an_epoch_was_left_early_starts_the_new_epoch(taken):
+    """The batch sampler sets the distributed sampler's iteration up at
+    iter(), as the sampler itself does: a state taken before the new
+    epoch's first snapshot is the new iteration's, not the left one's."""
+    def run(loader, interrupt):
+        iterator = iter(loader)
+        next(iterator), next(iterator)
+        del iterator  # the epoch left early
+        iterator = iter(loader)
+        for _ in range(taken):
+            next(iterator)
+        return loader.state_dict() if interrupt else values(iterator) + values(loader)
+
+    want = run(rank_loader(1)[1], False)
+    resumed = rank_loader(1)[1]
+    resumed.load_state_dict(json.loads(json.dumps(run(rank_loader(1)[1], True))))
+    assert values(resumed) + values(resumed) == want
+    assert len(want) == 2 * len(resumed) - taken
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_after_the_last_index_runs_the_sampler_out_on_resume(workers):
+    """batch_size=None, a state after the last index but before the
+    StopIteration: the resumed loader's epoch is empty, and a state taken
+    after it describes a fresh epoch, whose indices all come."""
+    def make():
+        sampler = fl.DistributedSampler(np.arange(N), REPLICAS, 1, seed=5)
+        return fl.DataLoader(fl.ArrayDataset(np.arange(N)), batch_size=None, sampler=sampler,
+                             num_workers=workers)
+
+    saved = make()
+    iterator = iter(saved)
+    for _ in range(len(saved)):
+        next(iterator)
+    resumed = make()
+    resumed.load_state_dict(json.loads(json.dumps(saved.state_dict())))
+    assert list(resumed) == []
+    again = make()
+    again.load_state_dict(json.loads(json.dumps(resumed.state_dict())))
+    assert len(list(again)) == len(saved)
+
+
 def test_sampler_state_follows_set_epoch_and_runs_out_to_a_fresh_epoch():
     sampler = fl.DistributedSampler(range(N), REPLICAS, 0, seed=5)
     iterator = iter(sampler)
