@@ -23,7 +23,9 @@ received, never what workers prefetched. It is made of:
   ``load_state_dict``, else the dataset's; it is restored after ``iter()``,
   so a dataset that sets its cursor up in ``__iter__`` keeps the restored
   one. In the main process a state is also taken when the loader starts an
-  epoch (a state before the first batch holds where the stream starts) and
+  epoch (a state before the first batch holds where the stream starts; a
+  worker tells where its stream starts with STARTED, after its set-up and
+  after each persistent epoch's RESET, which iter() waits for) and
   after the stream ran out (the dataset has then seen StopIteration: an
   epoch counter moved on), which load_state_dict restores at once, as the
   sampler's; in a worker, a stream's end state is that of what holds it
@@ -526,6 +528,27 @@ def replicas_carried(workers: list[WorkerState] | None) -> list[WorkerState] | N
     if workers is None:
         return None
     return [WorkerState(state=worker.state) for worker in workers]
+
+
+def stream_start(fetcher: DatasetFetcher) -> Any:
+    """What a worker says with STARTED (NOTE [ Worker protocol ]): its
+    iterable stream's state as the stream starts, after its set-up or a new
+    epoch's RESET; None for a map-style dataset or a stream without state."""
+    if isinstance(fetcher, IterableDatasetFetcher) and fetcher.stateful:
+        return fetcher.state()
+    return None
+
+
+def record_stream_start(workers: list[WorkerState] | None, worker_id: int,
+                        state: Any) -> None:
+    """A worker's STARTED in the main process: until that worker delivers,
+    a state holds where its stream started (a persistent worker's later
+    epochs start from what the earlier ones left, not from a fresh copy)."""
+    if state is None or workers is None:
+        return
+    worker = workers[worker_id]
+    if worker.yielded == 0 and not worker.ended:
+        worker.state, worker.state_step = state, 0
 
 
 def replica_snapshot(fetcher: DatasetFetcher, batches_done: int,

@@ -28,8 +28,8 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
-from fastload import _protocol
-from fastload._checkpoint import NO_SNAPSHOT
+from fastload import _checkpoint, _protocol
+from fastload._checkpoint import NO_SNAPSHOT, WorkerState
 from fastload._dispatch import (
     RoundRobin,
     deadline_after,
@@ -87,8 +87,8 @@ class ProcessDispatcher:
         self._in_order: bool = loader.in_order
         self._timeout: float = loader.timeout
         self._index_sampler = loader._index_sampler
-        self._may_look_ahead = (loader.persistent_workers
-                                and loader._dataset_kind is DatasetKind.MAP)
+        self._map_style_dataset = loader._dataset_kind is DatasetKind.MAP
+        self._may_look_ahead = loader.persistent_workers and self._map_style_dataset
         self._draw = EpochDraw(iter(()), frozenset(), 0, None, 0)  # until begin_epoch
         self._epoch = 0
         self._lookahead: LookaheadTasks | None = None
@@ -100,12 +100,16 @@ class ProcessDispatcher:
         self._owed = 0
         self._copy_out = False
         self._started = 0  # workers that said STARTED
+        # The epoch's iterable streams, whose start STARTED tells (None:
+        # map-style, see _checkpoint.record_stream_start).
+        self._streams: list[WorkerState] | None = None
 
     def begin_epoch(self, draw: EpochDraw, progress: Progress) -> None:
         """Start loading the epoch ``progress`` describes: a task for each
         batch of the prefetch."""
         self._draw = draw
         self._epoch = progress.epoch
+        self._streams = None if self._map_style_dataset else progress.workers
         self._round_robin.begin(progress)
         self.table.order = []
         self._owed = 0
@@ -141,8 +145,12 @@ class ProcessDispatcher:
             self._pump(deadline)
             self._serve_needs(None)
         if lookahead is None:  # a lookahead sent this already
+            self._started = 0
             self.workers.reset(progress.epoch, progress.datapipe_seed)
         self.begin_epoch(draw, progress)
+        if lookahead is None:
+            # A state taken now holds where each stream starts (their STARTED).
+            self.await_started()
 
     def next_ready(self, stream_ended: Callable[[Task], None]) -> tuple[Task, Any] | None:
         """The next batch due and its task (the batch a Failure when the
@@ -406,6 +414,7 @@ class ProcessDispatcher:
             raise WorkerSetupFailed(message[2])
         if kind == STARTED:
             self._started += 1
+            _checkpoint.record_stream_start(self._streams, message[2], message[3])
             return
         if kind == NEED:
             self._needs.append(message)

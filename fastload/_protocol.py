@@ -53,12 +53,16 @@ Worker -> main process (result ring):
                                    its ``nbytes`` bytes follow on the worker's
                                    Unix socket (a layout with long strings, a
                                    long traceback, a large dataset state)
-  (STARTED, INIT_TASK)             the worker is set up (worker_init_fn ran,
+  (STARTED, INIT_TASK, worker_id, stream_state)
+                                   the worker is set up (worker_init_fn ran,
                                    its replica is where a resume puts it) and
-                                   takes tasks: iter() returns once every
-                                   worker said so or failed
-                                   (ProcessDispatcher.await_started; worker
-                                   threads say it too)
+                                   takes tasks, or (persistent workers) has
+                                   the new stream a RESET asked for: iter()
+                                   returns once every worker said so or
+                                   failed (ProcessDispatcher.await_started;
+                                   worker threads say it too); stream_state:
+                                   the iterable stream's state then, or None
+                                   (_checkpoint.stream_start)
 
 Why these two ways around the ring: a worker that streams a large message
 into the socket only waits for the main process to read it, which the main

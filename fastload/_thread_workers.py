@@ -214,12 +214,18 @@ class _Worker:
                 self.new_fetcher()
                 _checkpoint.resume_ended_replica(self.fetcher, self.start_state)
             self.new_fetcher(resume)
-            self.results.put((STARTED, INIT_TASK))
+            self.started()
             self.serve()
         except Exception as exc:
             self.results.put((FAILED, INIT_TASK, WorkerError(exc, worker_id, where)))
         finally:
             set_thread_worker_info(None)
+
+    def started(self) -> None:
+        """Say STARTED (NOTE [ Worker protocol ]): set up, or a RESET's new
+        stream ready."""
+        self.results.put((STARTED, INIT_TASK, self.worker_id,
+                          _checkpoint.stream_start(self.fetcher)))
 
     def new_fetcher(self, resume: WorkerState | None = None) -> None:
         """A fresh fetcher; with ``resume``, an iterable dataset put where a
@@ -245,6 +251,7 @@ class _Worker:
                 sample_context.epoch, self.pipe_seed = message[1], message[2]
                 if not self.map_style:
                     self.new_fetcher()
+                self.started()
                 continue
             sample_context.epoch = message[3]
             self.load(message[1], message[2], message[4])
@@ -356,8 +363,13 @@ class ThreadIter(WorkerIter):
         self._begin_epoch()
         # As worker processes: a set-up failure raises in iter(), whatever
         # the timing (NOTE [ Worker protocol ]).
+        self._await_started()
+
+    def _await_started(self) -> None:
+        """Wait until every thread said STARTED (set up, or its new stream
+        after a RESET)."""
         deadline = self._deadline()
-        while self._started < workers:
+        while self._started < len(self._workers):
             self._wait(deadline)
 
     @property
@@ -391,10 +403,13 @@ class ThreadIter(WorkerIter):
         table = self._table
         table.abandon([*table.in_flight, *table.ready])
         table.stale.clear()  # their answers are dropped when they arrive
+        self._started = 0
         for worker in self._workers:
             worker.tasks.put((RESET, self._progress.epoch, self._progress.datapipe_seed))
         self._record_shared_start()
         self._begin_epoch()
+        # A state taken now holds where each stream starts (their STARTED).
+        self._await_started()
 
     def _dispatch(self) -> None:
         """Send the next batch's task to the next active worker, if any."""
@@ -485,6 +500,7 @@ class ThreadIter(WorkerIter):
             message[2].reraise(os.getpid())
         if kind == STARTED:
             self._started += 1
+            _checkpoint.record_stream_start(self._progress.workers, message[2], message[3])
             return
         if kind == GLOBAL_RNG_USED:
             if not self._warned_global_rng:

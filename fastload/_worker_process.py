@@ -187,7 +187,7 @@ class _Worker:
             self.new_fetcher()
         else:
             self.resume(resume)
-        self.reply(STARTED, INIT_TASK)
+        self.reply(STARTED, INIT_TASK, self.worker_id, _checkpoint.stream_start(self.fetcher))
         while True:
             try:
                 message = self.next_message()
@@ -208,6 +208,8 @@ class _Worker:
             elif kind == RESET:
                 sample_context.epoch, self.pipe_seed = message[1], message[2]
                 self.new_fetcher()
+                self.reply(STARTED, INIT_TASK, self.worker_id,
+                           _checkpoint.stream_start(self.fetcher))
 
     def index_in_slot(self, slot: tuple[int, int, int], nbytes: int) -> Any:
         """A task's index that the main process wrote at the start of its slot."""

@@ -219,6 +219,34 @@ def test_persistent_workers_resumed_between_epochs_start_where_their_streams_end
     assert sorted(values(resumed)) == epochs[1]
 
 
+@pytest.mark.parametrize("method", ["multiprocessing", "thread"])
+@pytest.mark.parametrize("every", [0, 1, 2])
+def test_a_state_before_a_persistent_workers_first_batch_of_an_epoch_holds_its_stream(
+        every, method):
+    """Persistent workers' streams in a later epoch go on from the earlier
+    ones (their epoch counter moved on): a state taken before a worker
+    delivers in that epoch holds the stream it started (its STARTED), not
+    a fresh copy's."""
+    def make():
+        return fl.DataLoader(ShardedCursor(6), batch_size=2, num_workers=2,
+                             persistent_workers=True, worker_method=method,
+                             snapshot_every_n_steps=every)
+
+    for taken in (0, 1):
+        def run(loader, interrupt):
+            values(loader)
+            it = iter(loader)
+            for _ in range(taken):
+                next(it)
+            return loader.state_dict() if interrupt else values(it)
+
+        expected = run(make(), False)
+        assert len(expected) == 6 - 2 * taken and min(expected) >= 100  # the second epoch
+        resumed = make()
+        resumed.load_state_dict(json.loads(json.dumps(run(make(), True))))
+        assert values(resumed) == expected, taken
+
+
 class SlowFirst(fl.Dataset):
     def __len__(self):
         return 40
