@@ -23,6 +23,18 @@ __all__ = [
 T_co = TypeVar("T_co", covariant=True)
 # One piece of an epoch's indices: an array, or a list for non-array indices.
 Chunk = Union[np.ndarray, list[Any]]
+# An epoch's drawn indices become Python ints this many at a time: its first
+# batches (and the epoch lookahead's guess of them, NOTE [ Epoch lookahead ]
+# in fastload._lookahead) do not wait for a whole permutation's list.
+LIST_ITEMS = 8192
+
+
+def _as_lists(chunk: Chunk) -> Iterator[list[Any]]:
+    if isinstance(chunk, np.ndarray):
+        for start in range(0, len(chunk), LIST_ITEMS):
+            yield chunk[start:start + LIST_ITEMS].tolist()
+    else:
+        yield chunk
 
 
 def _is_positive_int(value: Any) -> bool:
@@ -128,16 +140,20 @@ class _EpochSampler(Sampler[int]):
                 skip -= len(chunk)
                 done += len(chunk)
                 continue
-            items = chunk.tolist() if isinstance(chunk, np.ndarray) else chunk
-            current: Any = iter(items)
-            if skip:
-                current.__setstate__(skip)
-                skip = 0
-            # Counting via the list iterator's remaining length costs nothing
-            # per index, unlike a counter bumped on every yield.
-            self._done, self._chunk_len, self._current = done, len(items), current
-            yield current
-            done += len(items)
+            for items in _as_lists(chunk):
+                if skip >= len(items):
+                    skip -= len(items)
+                    done += len(items)
+                    continue
+                current: Any = iter(items)
+                if skip:
+                    current.__setstate__(skip)
+                    skip = 0
+                # Counting via the list iterator's remaining length costs
+                # nothing per index, unlike a counter bumped on every yield.
+                self._done, self._chunk_len, self._current = done, len(items), current
+                yield current
+                done += len(items)
         # Run out: a state taken now says that the next iteration starts a
         # new epoch (NOTE [ Resume contract ] in fastload._checkpoint).
         self._token, self._generator_state = None, None

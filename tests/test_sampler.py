@@ -145,6 +145,33 @@ def test_sampler_state_dict_resumes_mid_epoch_and_later_epochs(make, stop):
     assert list(resumed) == next_epoch
 
 
+@pytest.mark.parametrize("stop", [0, 8191, 8192, 8193, 16390, 20000])
+def test_a_long_epoch_turned_into_ints_piecewise_is_one_permutation_and_resumes(stop):
+    """A permutation's indices become Python ints a piece at a time
+    (sampler.LIST_ITEMS): the epoch is still the one permutation its token
+    draws, batches run across the pieces, and a state taken anywhere in it,
+    at a piece's edge too, resumes at the next index."""
+    from fastload import sampler as sampler_module
+
+    n = 20000
+    assert n > 2 * sampler_module.LIST_ITEMS
+    probe = RandomSampler(range(n), generator=np.random.default_rng(5))
+    next(iter(probe))
+    whole = np.random.default_rng(probe.state_dict()["epoch"]).permutation(n).tolist()
+    original = RandomSampler(range(n), generator=np.random.default_rng(5))
+    it = iter(original)
+    head = [next(it) for _ in range(stop)]
+    state = original.state_dict()
+    rest = list(it)
+    assert head + rest == whole
+    resumed = RandomSampler(range(n), generator=np.random.default_rng(999))
+    resumed.load_state_dict(state)
+    assert list(resumed) == rest
+    batches = list(BatchSampler(RandomSampler(range(n), generator=np.random.default_rng(5)),
+                                batch_size=1000, drop_last=False))
+    assert sum(batches, []) == head + rest and all(len(b) == 1000 for b in batches)
+
+
 def test_sampler_state_dict_between_epochs_restores_generator_only():
     original = RandomSampler(range(20), generator=3)
     list(original)
