@@ -511,14 +511,21 @@ def resume_stream(fetcher: DatasetFetcher, progress: Progress, state: LoaderStat
         skip_batches(fetcher, progress.yielded - progress.dataset_step, batch_size)
 
 
-def worker_states(state: LoaderState | None, num_workers: int,
-                  tracked: bool) -> tuple[list[WorkerState] | None, int]:
+def worker_states(state: LoaderState | None, num_workers: int, tracked: bool,
+                  start_states: list[Any] | None = None
+                  ) -> tuple[list[WorkerState] | None, int]:
     """Each worker's replica to start from, and the next worker of the
     round robin: a resumed state's, else fresh ones when replicas are
-    tracked (``tracks_replicas``), else None."""
+    tracked (``tracks_replicas``), else None. ``start_states``: the
+    replicas of a run resumed between epochs, where its workers start (an
+    iterable stream's start is recorded from its STARTED instead)."""
     if state is not None and state.workers is not None:
         return [dataclasses.replace(worker) for worker in state.workers], state.next_worker
-    return ([WorkerState() for _ in range(num_workers)] if tracked else None), 0
+    if not tracked:
+        return None, 0
+    if start_states is None:
+        return [WorkerState() for _ in range(num_workers)], 0
+    return [WorkerState(state=start) for start in start_states], 0
 
 
 def replicas_carried(workers: list[WorkerState] | None) -> list[WorkerState] | None:
@@ -555,13 +562,15 @@ def replica_snapshot(fetcher: DatasetFetcher, batches_done: int,
                      every: int) -> tuple[bool, Any]:
     """What a worker sends with its batch ``batches_done``: (whether it
     records the replica's state, that state, else None). An iterable
-    stream's on its snapshot steps (never with ``snapshot_every_n_steps=0``);
-    a map-style replica's with every batch, whatever the setting: its
+    stream's on its snapshot steps (never with ``snapshot_every_n_steps=0``)
+    and when it ran out inside this batch (as its ENDED would, so a state
+    taken before that ENDED is delivered still holds where it ended); a
+    map-style replica's with every batch, whatever the setting: its
     delivered batches are not fetched again on resume, so the state of any
     step must be where that replica stands (NOTE [ Resume contract ])."""
     if not fetcher.stateful:
         return False, None
-    if not isinstance(fetcher, IterableDatasetFetcher) or (
+    if not isinstance(fetcher, IterableDatasetFetcher) or fetcher.ended or (
             every > 0 and batches_done % every == 0):
         return True, fetcher.state()
     return False, None

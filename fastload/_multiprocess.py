@@ -43,7 +43,8 @@ class MultiProcessingIter(WorkerIter):
         self._stats.workers = [WorkerStats() for _ in range(loader.num_workers)]
         progress = self._progress
         progress.workers, progress.next_worker = _checkpoint.worker_states(
-            resume, loader.num_workers, _checkpoint.tracks_replicas(loader))
+            resume, loader.num_workers, _checkpoint.tracks_replicas(loader),
+            start_states if self._map_style else None)
         self._workers = WorkerGroup(loader, self._base_seed, progress.epoch,
                                     progress.datapipe_seed, progress.workers, start_states)
         self._dispatcher = ProcessDispatcher(loader, self._workers, self._stats.workers)

@@ -247,6 +247,60 @@ def test_a_state_before_a_persistent_workers_first_batch_of_an_epoch_holds_its_s
         assert values(resumed) == expected, taken
 
 
+def test_a_state_of_a_run_resumed_between_epochs_holds_every_replica():
+    """Persistent worker processes resumed from an end-of-epoch state start
+    each replica where the saved run left it; a state taken before a worker
+    delivers in that epoch holds that replica too, not a fresh copy."""
+    def make():
+        return fl.DataLoader(Counting(), batch_size=4, num_workers=2, persistent_workers=True)
+
+    def served(batches):
+        return [int(batch[0][1]) for batch in batches]
+
+    uninterrupted = make()
+    list(uninterrupted)
+    end_of_epoch = json.loads(json.dumps(uninterrupted.state_dict()))
+    expected = served(uninterrupted)
+    resumed = make()
+    resumed.load_state_dict(end_of_epoch)
+    it = iter(resumed)
+    head = served([next(it)])  # worker 0's; worker 1 has delivered nothing yet
+    state = json.loads(json.dumps(resumed.state_dict()))
+    del it
+    again = make()
+    again.load_state_dict(state)
+    assert head + served(again) == expected and len(expected) == 3
+
+
+@pytest.mark.parametrize("workers,method", [(1, "multiprocessing"), (2, "multiprocessing"),
+                                            (2, "thread")])
+@pytest.mark.parametrize("every", [0, 7])
+def test_a_worker_stream_that_ran_out_inside_a_batch_is_saved_at_its_end(workers, method,
+                                                                          every):
+    """The batch inside which a worker's stream runs out carries the
+    stream's state then, whatever the snapshot step: a state taken before
+    the StopIteration, resumed, run out and saved again, still starts the
+    next epoch where the uninterrupted run does."""
+    def make():
+        return fl.DataLoader(ShardedCursor(10), batch_size=4, num_workers=workers,
+                             worker_method=method, persistent_workers=True,
+                             snapshot_every_n_steps=every)
+
+    uninterrupted = make()
+    it = iter(uninterrupted)
+    for _ in range(3 if workers == 1 else 4):  # 4+4+2 or 4+1 each: all, no StopIteration
+        next(it)
+    last_batch = json.loads(json.dumps(uninterrupted.state_dict()))
+    values(it)
+    expected = values(uninterrupted)
+    resumed = make()
+    resumed.load_state_dict(last_batch)
+    assert values(resumed) == []
+    again = make()
+    again.load_state_dict(json.loads(json.dumps(resumed.state_dict())))
+    assert values(again) == expected and min(expected) >= 100
+
+
 class SlowFirst(fl.Dataset):
     def __len__(self):
         return 40
