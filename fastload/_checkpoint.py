@@ -385,29 +385,35 @@ def capture(loader: Any) -> dict[str, Any]:
 
 # -- restore ---------------------------------------------------------------
 
-def load(loader: Any, state: dict[str, Any]) -> LoaderState | None:
+def load(loader: Any, state: dict[str, Any]) -> tuple[LoaderState | None, bool]:
     """``DataLoader.load_state_dict()``: the state read (ValueError when it is
     none), for the next ``iter()`` to resume from (None for an empty state:
-    start fresh). A state taken after an epoch ran out restores the sampler
-    and the dataset now, so that, as in the original run, a ``set_epoch``
-    before that ``iter()`` applies on top; a state whose settings do not fit
-    the loader restores nothing, and ``start`` refuses it."""
+    start fresh), and whether what it restores between epochs was restored.
+    A state taken after an epoch ran out restores the sampler and the
+    dataset now, so that, as in the original run, a ``set_epoch`` before
+    that ``iter()`` applies on top; a state whose settings do not fit the
+    loader restores nothing: ``start`` refuses it, or restores it once the
+    settings were changed to fit."""
     if not state:
-        return None  # torchdata's "start fresh"
+        return None, True  # torchdata's "start fresh"
     typed = LoaderState.from_dict(copy.deepcopy(state))
     try:
         check_compatible(typed, loader)
     except StateMismatchError:
-        return typed  # raised at iter(), where torchdata raises it
-    if typed.finished and typed.sampler is not None:
+        return typed, False  # raised at iter(), where torchdata raises it
+    _restore_between_epochs(loader, typed)
+    return typed, True
+
+
+def _restore_between_epochs(loader: Any, state: LoaderState) -> None:
+    if state.finished and state.sampler is not None:
         # A sampler that ran out describes a new epoch next.
-        loader._index_sampler.load_state_dict(typed.sampler)
-    if typed.finished and typed.dataset is not None and is_stateful(loader.dataset):
+        loader._index_sampler.load_state_dict(state.sampler)
+    if state.finished and state.dataset is not None and is_stateful(loader.dataset):
         # Between epochs a dataset in this process is where its last epoch
         # left it (an iterable one where its stream ran out), and so are
         # the replicas workers copy from it; the next iter() starts there.
-        loader.dataset.load_state_dict(typed.dataset)
-    return typed
+        loader.dataset.load_state_dict(state.dataset)
 
 
 class ResumeStart:
@@ -425,11 +431,14 @@ class ResumeStart:
         self.replica_states = replica_states
 
 
-def start(loader: Any, state: LoaderState) -> ResumeStart:
+def start(loader: Any, state: LoaderState, restored: bool) -> ResumeStart:
     """Apply a pending state at ``iter()``: the loader's generator and epoch
-    now; the rest by what the result says. StateMismatchError, before
-    anything is applied, when the state does not fit the loader."""
+    now, and what ``load`` did not restore (``restored``); the rest by what
+    the result says. StateMismatchError, before anything is applied, when
+    the state does not fit the loader."""
     check_compatible(state, loader)
+    if not restored:
+        _restore_between_epochs(loader, state)
     loader._rng = _seed.restored_generator(loader._rng, state.generator)
     loader._epoch = state.epoch + 1 if state.finished else state.epoch
     if not state.finished:

@@ -99,7 +99,8 @@ class ProcessDispatcher:
         self._needs: list[tuple[Any, ...]] = []
         self._owed = 0
         self._copy_out = False
-        self._started = 0  # workers that said STARTED
+        self._started = 0  # workers that said STARTED to the latest RESET (or set-up)
+        self._resets = 0  # RESETs sent: the serial their STARTED answers carry
         # The epoch's iterable streams, whose start STARTED tells (None:
         # map-style, see _checkpoint.record_stream_start).
         self._streams: list[WorkerState] | None = None
@@ -117,12 +118,16 @@ class ProcessDispatcher:
             self._dispatch()
 
     def await_started(self) -> None:
-        """Wait until every worker is set up (NOTE [ Worker protocol ]): a
-        set-up failure or a death then raises here, in iter(), whatever the
-        timing. Answers to the first tasks that come meanwhile are kept."""
+        """Wait until every worker said STARTED (NOTE [ Worker protocol ]):
+        set up, so that a set-up failure or a death raises here, in iter(),
+        whatever the timing; or, after a persistent epoch's RESET, with its
+        new stream. Answers to tasks that come meanwhile are kept, and a
+        worker still loading an abandoned task gets the bigger slot it asks
+        for: it reads the RESET only after that task."""
         deadline = deadline_after(self._timeout)
         while self._started < self.workers.num_workers:
             self._pump(deadline)
+            self._serve_needs(None)
 
     def new_epoch(self, draw: EpochDraw, progress: Progress) -> None:
         """Persistent workers: give the unfinished epoch up and begin the one
@@ -145,8 +150,7 @@ class ProcessDispatcher:
             self._pump(deadline)
             self._serve_needs(None)
         if lookahead is None:  # a lookahead sent this already
-            self._started = 0
-            self.workers.reset(progress.epoch, progress.datapipe_seed)
+            self._reset_workers(progress.epoch, progress.datapipe_seed)
         self.begin_epoch(draw, progress)
         if lookahead is None:
             # A state taken now holds where each stream starts (their STARTED).
@@ -271,8 +275,15 @@ class ProcessDispatcher:
             return
         epoch = self._epoch + 1
         # Map-style only: no drawn DataPipe seed (_datapipes.epoch_seed).
-        self.workers.reset(epoch, None)
+        self._reset_workers(epoch, None)
         self._lookahead = LookaheadTasks(epoch, head, self.workers.num_workers)
+
+    def _reset_workers(self, epoch: int, pipe_seed: int | None) -> None:
+        """RESET every worker; STARTED is counted anew, from their answers to
+        this RESET only."""
+        self._resets += 1
+        self._started = 0
+        self.workers.reset(epoch, pipe_seed, self._resets)
 
     def _dispatch_lookahead(self) -> None:
         """The next lookahead task, in the slot a delivered batch freed. It
@@ -413,8 +424,9 @@ class ProcessDispatcher:
         if kind == FAILED and task_id == INIT_TASK:
             raise WorkerSetupFailed(message[2])
         if kind == STARTED:
-            self._started += 1
-            _checkpoint.record_stream_start(self._streams, message[2], message[3])
+            if message[3] == self._resets:  # else an answer to an earlier RESET
+                self._started += 1
+                _checkpoint.record_stream_start(self._streams, message[2], message[4])
             return
         if kind == NEED:
             self._needs.append(message)
@@ -431,3 +443,4 @@ class ProcessDispatcher:
             self._dispatch(lease)
         elif kind == FAILED:
             table.finish(task_id, Failure(message[2]))
+            task.has_dataset_state, task.dataset_state = message[3], message[4]

@@ -29,9 +29,12 @@ Main process -> worker (task ring):
   (SEGMENT, segment_id, nbytes)    a new pool segment, sent just before on
                                    the worker's Unix socket (shm.send_segments)
   (RETIRE, segment_id)             unmap a segment the pool dropped
-  (RESET, epoch, pipe_seed)        a new epoch with persistent workers: start
+  (RESET, epoch, pipe_seed, serial)
+                                   a new epoch with persistent workers: start
                                    a fresh fetcher (a new dataset iterator);
-                                   pipe_seed: its DataPipe seed, or None
+                                   pipe_seed: its DataPipe seed, or None;
+                                   serial: how many RESETs were sent, which
+                                   its STARTED answer carries back
 Worker -> main process (result ring):
   (DONE, task_id, layout, fetch_s, collate_s, has_state, state, ended)
                                    the batch is in the task's slot; the
@@ -46,22 +49,26 @@ Worker -> main process (result ring):
   (ENDED, task_id, end_state)      an iterable dataset is exhausted; its own
                                    state then, or None (see
                                    IterableDatasetFetcher.end_state)
-  (FAILED, task_id, WorkerError)   loading the batch raised; the worker goes on
+  (FAILED, task_id, WorkerError, has_state, state)
+                                   loading the batch raised; the worker goes on
                                    with its next task (task_id INIT_TASK: the
-                                   worker failed outside a task and exits)
+                                   worker failed outside a task and exits);
+                                   the replica's state after it, as with DONE
   (LARGE, nbytes)                  the next message is larger than a record:
                                    its ``nbytes`` bytes follow on the worker's
                                    Unix socket (a layout with long strings, a
                                    long traceback, a large dataset state)
-  (STARTED, INIT_TASK, worker_id, stream_state)
+  (STARTED, INIT_TASK, worker_id, serial, stream_state)
                                    the worker is set up (worker_init_fn ran,
                                    its replica is where a resume puts it) and
-                                   takes tasks, or (persistent workers) has
-                                   the new stream a RESET asked for: iter()
-                                   returns once every worker said so or
+                                   takes tasks (serial 0), or (persistent
+                                   workers) has the new stream the RESET of
+                                   that serial asked for: iter() returns once
+                                   every worker said so for the latest one, or
                                    failed (ProcessDispatcher.await_started;
-                                   worker threads say it too); stream_state:
-                                   the iterable stream's state then, or None
+                                   worker threads say it too); an answer to an
+                                   earlier RESET is dropped; stream_state: the
+                                   iterable stream's state then, or None
                                    (_checkpoint.stream_start)
 
 Why these two ways around the ring: a worker that streams a large message

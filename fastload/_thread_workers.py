@@ -119,7 +119,7 @@ INITIAL_SLOT_BYTES = 1 << 16
 SLOTS_PER_SEGMENT = 8
 
 # Messages to a worker thread: (TASK, task id, index, epoch, slot), (RESET,
-# epoch, DataPipe seed), (STOP,); slot: a slab.Lease for a C writer (NOTE
+# epoch, DataPipe seed, serial), (STOP,); slot: a slab.Lease for a C writer (NOTE
 # [ Thread workers ]), or None.
 TASK, RESET, STOP = "task", "reset", "stop"
 # A worker thread's note that the global generators moved during its first
@@ -214,17 +214,17 @@ class _Worker:
                 self.new_fetcher()
                 _checkpoint.resume_ended_replica(self.fetcher, self.start_state)
             self.new_fetcher(resume)
-            self.started()
+            self.started(0)
             self.serve()
         except Exception as exc:
             self.results.put((FAILED, INIT_TASK, WorkerError(exc, worker_id, where)))
         finally:
             set_thread_worker_info(None)
 
-    def started(self) -> None:
-        """Say STARTED (NOTE [ Worker protocol ]): set up, or a RESET's new
-        stream ready."""
-        self.results.put((STARTED, INIT_TASK, self.worker_id,
+    def started(self, serial: int) -> None:
+        """Say STARTED (NOTE [ Worker protocol ]): set up (serial 0), or the
+        new stream of RESET ``serial`` ready."""
+        self.results.put((STARTED, INIT_TASK, self.worker_id, serial,
                           _checkpoint.stream_start(self.fetcher)))
 
     def new_fetcher(self, resume: WorkerState | None = None) -> None:
@@ -251,7 +251,7 @@ class _Worker:
                 sample_context.epoch, self.pipe_seed = message[1], message[2]
                 if not self.map_style:
                     self.new_fetcher()
-                self.started()
+                self.started(message[3])
                 continue
             sample_context.epoch = message[3]
             self.load(message[1], message[2], message[4])
@@ -357,7 +357,8 @@ class ThreadIter(WorkerIter):
         self._slots = (_memory.new_pool(INITIAL_SLOT_BYTES, slots_per_segment=SLOTS_PER_SEGMENT)
                        if self._workers and self._workers[0].writer.writes_in_c else None)
         self._slot_bytes = 0
-        self._started = 0  # threads that said STARTED
+        self._started = 0  # threads that said STARTED to the latest RESET (or set-up)
+        self._resets = 0  # RESETs sent: the serial their STARTED answers carry
         for worker in self._workers:
             worker.thread.start()
         self._begin_epoch()
@@ -404,12 +405,16 @@ class ThreadIter(WorkerIter):
         table.abandon([*table.in_flight, *table.ready])
         table.stale.clear()  # their answers are dropped when they arrive
         self._started = 0
+        self._resets += 1
         for worker in self._workers:
-            worker.tasks.put((RESET, self._progress.epoch, self._progress.datapipe_seed))
+            worker.tasks.put((RESET, self._progress.epoch, self._progress.datapipe_seed,
+                              self._resets))
+        # Each thread answers once done with its abandoned tasks: then the
+        # shared dataset is where the new epoch starts, and so is each
+        # stream (their STARTED), for a state taken now.
+        self._await_started()
         self._record_shared_start()
         self._begin_epoch()
-        # A state taken now holds where each stream starts (their STARTED).
-        self._await_started()
 
     def _dispatch(self) -> None:
         """Send the next batch's task to the next active worker, if any."""
@@ -499,8 +504,9 @@ class ThreadIter(WorkerIter):
             self._stop()
             message[2].reraise(os.getpid())
         if kind == STARTED:
-            self._started += 1
-            _checkpoint.record_stream_start(self._progress.workers, message[2], message[3])
+            if message[3] == self._resets:  # else an answer to an earlier RESET
+                self._started += 1
+                _checkpoint.record_stream_start(self._progress.workers, message[2], message[4])
             return
         if kind == GLOBAL_RNG_USED:
             if not self._warned_global_rng:

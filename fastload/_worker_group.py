@@ -278,23 +278,28 @@ class WorkerGroup:
     def _death_check(self) -> None:
         self.raise_if_dead()
 
-    def reset(self, epoch: int, pipe_seed: int | None) -> None:
+    def reset(self, epoch: int, pipe_seed: int | None, serial: int) -> None:
         """A new epoch with persistent workers: fresh fetchers everywhere
-        (``pipe_seed``: its DataPipe seed, Progress.datapipe_seed)."""
+        (``pipe_seed``: its DataPipe seed, Progress.datapipe_seed; ``serial``:
+        see NOTE [ Worker protocol ])."""
         for worker_id in range(self.num_workers):
-            self.send(worker_id, (RESET, epoch, pipe_seed))
+            self.send(worker_id, (RESET, epoch, pipe_seed, serial))
 
     def raise_if_dead(self) -> None:
         """WorkerGroupDied when a worker exited. Where SIGCHLD tells of
         deaths, the processes are looked at (a waitpid each) only after a
         SIGCHLD came, or SIGCHLD_SAFETY_SECONDS after the last look: every
         wait of the main loop passes here (issue 18's budget)."""
-        if self.sigchld:
-            count, now = proc.sigchld_count(), time.monotonic()
-            if count == self._sigchlds_seen and now < self._next_look:
-                return
-            self._sigchlds_seen, self._next_look = count, now + SIGCHLD_SAFETY_SECONDS
+        if not self.sigchld:
+            self.channels.raise_if_dead()
+            return
+        count, now = proc.sigchld_count(), time.monotonic()
+        if count == self._sigchlds_seen and now < self._next_look:
+            return
         self.channels.raise_if_dead()
+        # Only a look that found every worker alive settles that SIGCHLD: a
+        # death found here and put off by the caller is looked for again.
+        self._sigchlds_seen, self._next_look = count, now + SIGCHLD_SAFETY_SECONDS
 
     def shutdown(self) -> None:
         self._finalizer()

@@ -187,7 +187,7 @@ class _Worker:
             self.new_fetcher()
         else:
             self.resume(resume)
-        self.reply(STARTED, INIT_TASK, self.worker_id, _checkpoint.stream_start(self.fetcher))
+        self.started(0)
         while True:
             try:
                 message = self.next_message()
@@ -208,8 +208,13 @@ class _Worker:
             elif kind == RESET:
                 sample_context.epoch, self.pipe_seed = message[1], message[2]
                 self.new_fetcher()
-                self.reply(STARTED, INIT_TASK, self.worker_id,
-                           _checkpoint.stream_start(self.fetcher))
+                self.started(message[3])
+
+    def started(self, serial: int) -> None:
+        """Say STARTED (NOTE [ Worker protocol ]): set up (serial 0), or the
+        new stream of RESET ``serial`` ready."""
+        self.reply(STARTED, INIT_TASK, self.worker_id, serial,
+                   _checkpoint.stream_start(self.fetcher))
 
     def index_in_slot(self, slot: tuple[int, int, int], nbytes: int) -> Any:
         """A task's index that the main process wrote at the start of its slot."""
@@ -239,12 +244,14 @@ class _Worker:
             return
         except Exception as exc:
             self.batches_done += 1
-            self.fail(task_id, exc, index)
+            # What the failed fetch did to the replica counts too.
+            self.fail(task_id, exc, index, _checkpoint.replica_snapshot(
+                self.fetcher, self.batches_done, self.snapshot_every))
             return
         fetched = time.perf_counter()
         self.batches_done += 1
-        has_state, state = _checkpoint.replica_snapshot(self.fetcher, self.batches_done,
-                                                        self.snapshot_every)
+        snapshot = _checkpoint.replica_snapshot(self.fetcher, self.batches_done,
+                                                self.snapshot_every)
         while True:
             segment_id, offset, capacity = slot
             try:
@@ -255,18 +262,22 @@ class _Worker:
                     self.fail(task_id, ShmError(
                         f"a batch of {small.needed} bytes cannot fit in the loader's shared "
                         f"memory ({cap} bytes: half of the memory available when it "
-                        "started); use a smaller batch_size"), index)
+                        "started); use a smaller batch_size"), index, snapshot)
                     return
                 continue
             except Exception as exc:
-                self.fail(task_id, exc, index)
+                self.fail(task_id, exc, index, snapshot)
                 return
             self.reply(DONE, task_id, layout, fetched - started, time.perf_counter() - fetched,
-                       has_state, state, self.ended or getattr(self.fetcher, "ended", False))
+                       *snapshot, self.ended or getattr(self.fetcher, "ended", False))
             return
 
-    def fail(self, task_id: int, exc: BaseException, index: Any) -> None:
-        self.reply(FAILED, task_id, WorkerError(exc, self.worker_id, describe_failure(index)))
+    def fail(self, task_id: int, exc: BaseException, index: Any,
+             snapshot: tuple[bool, Any]) -> None:
+        """The batch's exception in its place, with the replica's state
+        after it (``_checkpoint.replica_snapshot``)."""
+        self.reply(FAILED, task_id, WorkerError(exc, self.worker_id, describe_failure(index)),
+                   *snapshot)
 
     def await_reslot(self, task_id: int, needed: int) -> tuple[Any, int]:
         """Ask for a slot of ``needed`` bytes and wait for it, keeping the
@@ -329,7 +340,7 @@ def worker_main(config: dict[str, Any], task_ring: Any, result_ring: Any,
         # load its state, a segment that cannot be mapped) end this worker:
         # the main process raises them.
         try:
-            worker.reply(FAILED, INIT_TASK, WorkerError(exc, worker.worker_id, where))
+            worker.reply(FAILED, INIT_TASK, WorkerError(exc, worker.worker_id, where), False, None)
         except RingClosedError:
             pass
 

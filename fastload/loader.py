@@ -254,6 +254,7 @@ class DataLoader(Generic[T_co]):
         self._epoch = 0
         self._progress: Progress | None = None
         self._resume_state: LoaderState | None = None
+        self._resume_restored = True  # see _checkpoint.load
         self.__initialized = True
         self.check_worker_number_rationality()
 
@@ -331,7 +332,7 @@ class DataLoader(Generic[T_co]):
         resume, kept_base_seed, start_states = None, None, None
         if pending is not None:
             try:
-                start = _checkpoint.start(self, pending)
+                start = _checkpoint.start(self, pending, self._resume_restored)
             except StateMismatchError:
                 self._resume_state = pending  # every iter() refuses it until another load
                 raise
@@ -385,7 +386,7 @@ class DataLoader(Generic[T_co]):
         AssertionError), and at every ``iter()`` until another state is
         loaded."""
         refuse_unresumable(state)
-        self._resume_state = _checkpoint.load(self, state)
+        self._resume_state, self._resume_restored = _checkpoint.load(self, state)
 
     def __len__(self) -> int:
         if self._dataset_kind is DatasetKind.ITERABLE:

@@ -387,3 +387,31 @@ def test_a_set_up_failure_raises_in_iter_every_time(method):
     # The loader stays usable once the cause is gone.
     loader.worker_init_fn = None
     assert sum(len(batch) for batch in loader) == 16
+
+
+class Four(fl.IterableDataset):
+    def __iter__(self):
+        yield from range(4)
+
+
+def test_a_death_found_while_answers_are_handled_is_looked_for_again():
+    """The main loop looks at its workers after a SIGCHLD; a death found by
+    a look whose caller first handles the messages waiting must be found
+    again by the next look, not a second later: only a look that found
+    every worker alive settles the SIGCHLD."""
+    from fastload._worker_group import WorkerGroupDied
+    from fastload_c import proc
+
+    loader = fl.DataLoader(Four(), batch_size=2, num_workers=2, persistent_workers=True)
+    list(loader)
+    group = loader._iterator._workers
+    counted = proc.sigchld_count()
+    os.kill(group.pids[0], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while proc.sigchld_count() == counted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for _ in range(2):
+        with pytest.raises(WorkerGroupDied):
+            group.raise_if_dead()
+    with pytest.raises(fl.WorkerDiedError):
+        iter(loader)

@@ -374,3 +374,32 @@ def test_a_ready_batch_is_returned_before_the_pool_grows_for_others():
     assert len(grown) == 1 and grown[0][3] == 2
     got = [first[0]] + [b[0] for b in it]
     assert np.array_equal(np.concatenate(got), x)
+
+
+class LargeFromTwo(fl.Dataset):
+    """Small samples, then 24 MB ones: a batch past the first two asks for a
+    bigger slot (NEED) while it is loaded."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        if i >= 2:
+            time.sleep(0.05)
+            return np.full(24 << 20, i, np.uint8)
+        return np.full(16, i, np.uint8)
+
+
+@pytest.mark.timeout(120)
+def test_a_new_epoch_serves_the_slot_an_abandoned_task_waits_for():
+    """iter() after an epoch left early waits for every worker's answer to
+    its RESET; a worker still loading an abandoned task that asked for a
+    bigger slot reads that RESET only once the slot came, so the wait must
+    grant it (it hung before)."""
+    loader = fl.DataLoader(LargeFromTwo(), batch_size=1, num_workers=1,
+                           persistent_workers=True, timeout=60)
+    it = iter(loader)
+    next(it), next(it)
+    time.sleep(0.02)  # the worker is at the large sample now
+    firsts = [int(batch[0, 0]) for batch in iter(loader)]
+    assert firsts == [0, 1, 2, 3, 4, 5]

@@ -50,7 +50,7 @@ class ScriptedWorkers:
     def raise_if_dead(self):
         pass
 
-    def reset(self, epoch, pipe_seed):
+    def reset(self, epoch, pipe_seed, serial):
         self.sent.append((None, ("reset", epoch)))
 
     def wait(self, seen, timeout):
@@ -109,7 +109,7 @@ def test_the_prefetch_goes_round_robin_and_each_delivery_sends_the_next_task():
 def test_a_failed_batch_is_delivered_in_its_place():
     def answer(worker_id, task_id, index):
         if index == 2:
-            return [(FAILED, task_id, "a worker's error")]
+            return [(FAILED, task_id, "a worker's error", False, None)]
         return [workers.done(task_id, np.int64(index))]
 
     workers = ScriptedWorkers(2, answer)
@@ -169,7 +169,7 @@ def test_in_order_false_passes_over_a_worker_with_its_share_in_flight():
 
 
 def test_a_set_up_failure_is_handed_to_the_iterator():
-    workers = ScriptedWorkers(1, lambda w, t, index: [(FAILED, INIT_TASK, "init failed")])
+    workers = ScriptedWorkers(1, lambda w, t, index: [(FAILED, INIT_TASK, "init failed", False, None)])
     dispatcher = dispatcher_over(workers, range(3))
     with pytest.raises(WorkerSetupFailed) as info:
         dispatcher.next_ready(lambda task: None)

@@ -272,6 +272,35 @@ def test_a_refused_state_that_ran_out_restores_nothing():
     assert [b[0].tolist() for b in other] == [b[0].tolist() for b in fresh]
 
 
+def test_a_refused_state_resumes_once_the_loader_is_set_to_fit_it():
+    """A state refused at iter() is kept: set the loader to fit it (here
+    its num_workers) and the next iter() resumes it whole, the restores of
+    a state taken between epochs included."""
+    class Stream(fl.IterableDataset):
+        def __init__(self):
+            self.epoch = 0
+
+        def __iter__(self):
+            yield from range(self.epoch * 100, self.epoch * 100 + 4)
+            self.epoch += 1
+
+        def state_dict(self):
+            return {"epoch": self.epoch}
+
+        def load_state_dict(self, state):
+            self.epoch = state["epoch"]
+
+    saved = fl.DataLoader(Stream(), batch_size=2)
+    list(saved)
+    state = saved.state_dict()
+    other = fl.DataLoader(Stream(), batch_size=2, num_workers=1)
+    other.load_state_dict(state)
+    with pytest.raises(fl.StateMismatchError, match="num_workers is 1 here but 0"):
+        iter(other)
+    other.num_workers = 0
+    assert [b.tolist() for b in other] == [[100, 101], [102, 103]]
+
+
 def test_iterable_state_needs_the_same_worker_count():
     loader = fl.DataLoader(Counting(), batch_size=2, num_workers=2)
     next(iter(loader))

@@ -301,6 +301,69 @@ def test_a_worker_stream_that_ran_out_inside_a_batch_is_saved_at_its_end(workers
     assert values(again) == expected and min(expected) >= 100
 
 
+class CountingFailing(Counting):
+    """Counting whose sample 2 raises, after counting it."""
+
+    def __getitem__(self, i):
+        sample = super().__getitem__(i)
+        if i == 2:
+            raise KeyError("no sample two")
+        return sample
+
+
+@pytest.mark.parametrize("workers,method", [(0, "multiprocessing"), (1, "multiprocessing"),
+                                            (1, "thread")])
+def test_what_a_failed_batch_did_to_the_dataset_is_resumed_too(workers, method):
+    """A batch delivered as its exception still moved the dataset (its
+    fetch counted): a state taken after it resumes from there, with worker
+    processes too (their FAILED carries the replica's state)."""
+    def make():
+        return fl.DataLoader(CountingFailing(), batch_size=1, num_workers=workers,
+                             worker_method=method)
+
+    loader = make()
+    it = iter(loader)
+    next(it), next(it)
+    with pytest.raises(KeyError, match="no sample two"):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = [b.tolist() for b in it]
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == rest
+    assert [row[0][1] for row in rest][:1] == [4]
+
+
+class SlowAfterTwo(Counting):
+    """Counting whose samples from 2 on take a while: an abandoned epoch's
+    prefetched fetches are still running when the next iter() comes."""
+
+    def __getitem__(self, i):
+        if i >= 2:
+            time.sleep(0.1)
+        return super().__getitem__(i)
+
+
+def test_worker_threads_save_the_shared_dataset_after_an_abandoned_epochs_fetches():
+    """iter() after an epoch left early waits until the threads are done
+    with its prefetched tasks: the shared dataset's state taken then is
+    where the new epoch starts, not a moment before those fetches end."""
+    def make():
+        return fl.DataLoader(SlowAfterTwo(), batch_size=1, num_workers=1,
+                             worker_method="thread", persistent_workers=True)
+
+    loader = make()
+    it = iter(loader)
+    next(it), next(it)
+    it = iter(loader)  # the epoch left early, tasks still being fetched
+    state = json.loads(json.dumps(loader.state_dict()))
+    rest = [b.tolist() for b in it]
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == rest
+    assert state["dataset"]["served"] == rest[0][0][1] - 1
+
+
 class SlowFirst(fl.Dataset):
     def __len__(self):
         return 40
