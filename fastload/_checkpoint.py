@@ -24,7 +24,7 @@ received, never what workers prefetched. It is made of:
   so a dataset that sets its cursor up in ``__iter__`` keeps the restored
   one. In the main process a state is also taken when the loader starts an
   epoch (a state before the first batch holds where the stream starts; a
-  worker tells where its stream starts with STARTED, after its set-up and
+  worker tells where its replica starts with STARTED, after its set-up and
   after each persistent epoch's RESET, which iter() waits for) and
   after the stream ran out (the dataset has then seen StopIteration: an
   epoch counter moved on), which load_state_dict restores at once, as the
@@ -540,25 +540,25 @@ def worker_states(state: LoaderState | None, num_workers: int, tracked: bool,
 def replicas_carried(workers: list[WorkerState] | None) -> list[WorkerState] | None:
     """Persistent workers' map-style replicas at a new epoch: each where its
     last delivered batch left it (``replica_snapshot``), nothing delivered
-    yet."""
+    yet, until its STARTED says where it stands, the fetches of an epoch
+    left early included (``record_replica_start``)."""
     if workers is None:
         return None
     return [WorkerState(state=worker.state) for worker in workers]
 
 
-def stream_start(fetcher: DatasetFetcher) -> Any:
+def replica_start(fetcher: DatasetFetcher) -> Any:
     """What a worker says with STARTED (NOTE [ Worker protocol ]): its
-    iterable stream's state as the stream starts, after its set-up or a new
-    epoch's RESET; None for a map-style dataset or a stream without state."""
-    if isinstance(fetcher, IterableDatasetFetcher) and fetcher.stateful:
-        return fetcher.state()
-    return None
+    replica's state as an epoch starts, after its set-up or a new epoch's
+    RESET (an iterable stream's, or a map-style replica's after whatever an
+    abandoned epoch's tasks fetched); None without a state."""
+    return fetcher.state() if fetcher.stateful else None
 
 
-def record_stream_start(workers: list[WorkerState] | None, worker_id: int,
-                        state: Any) -> None:
+def record_replica_start(workers: list[WorkerState] | None, worker_id: int,
+                         state: Any) -> None:
     """A worker's STARTED in the main process: until that worker delivers,
-    a state holds where its stream started (a persistent worker's later
+    a state holds where its replica started (a persistent worker's later
     epochs start from what the earlier ones left, not from a fresh copy)."""
     if state is None or workers is None:
         return

@@ -133,10 +133,15 @@ def _global_rngs_kept() -> Iterator[None]:
 class LookaheadTasks:
     """The next epoch's first tasks, dispatched before its iter()."""
 
-    __slots__ = ("epoch", "indices", "workers", "tasks")
+    __slots__ = ("epoch", "indices", "workers", "tasks", "serial", "starts")
 
-    def __init__(self, epoch: int, indices: list[Any], num_workers: int) -> None:
+    def __init__(self, epoch: int, indices: list[Any], num_workers: int, serial: int) -> None:
         self.epoch = epoch
+        # The serial of the RESET that began it, and what the workers' STARTED
+        # answers to it said of their replicas (worker id -> state): where
+        # the next epoch starts, should it adopt this one.
+        self.serial = serial
+        self.starts: dict[int, Any] = {}
         self.indices = deque(indices)  # not dispatched yet
         # The round robin a new map-style epoch starts (see RoundRobin.begin).
         self.workers = itertools.cycle(range(num_workers))

@@ -87,8 +87,8 @@ class ProcessDispatcher:
         self._in_order: bool = loader.in_order
         self._timeout: float = loader.timeout
         self._index_sampler = loader._index_sampler
-        self._map_style_dataset = loader._dataset_kind is DatasetKind.MAP
-        self._may_look_ahead = loader.persistent_workers and self._map_style_dataset
+        self._may_look_ahead = (loader.persistent_workers
+                                and loader._dataset_kind is DatasetKind.MAP)
         self._draw = EpochDraw(iter(()), frozenset(), 0, None, 0)  # until begin_epoch
         self._epoch = 0
         self._lookahead: LookaheadTasks | None = None
@@ -99,35 +99,44 @@ class ProcessDispatcher:
         self._needs: list[tuple[Any, ...]] = []
         self._owed = 0
         self._copy_out = False
-        self._started = 0  # workers that said STARTED to the latest RESET (or set-up)
         self._resets = 0  # RESETs sent: the serial their STARTED answers carry
-        # The epoch's iterable streams, whose start STARTED tells (None:
-        # map-style, see _checkpoint.record_stream_start).
-        self._streams: list[WorkerState] | None = None
+        # The serial whose answers this epoch's start waits for (0: set-up),
+        # how many came, and what they said of each replica (worker id ->
+        # state), recorded into the epoch's replicas once all came
+        # (await_started). A lookahead's answers are kept with it instead.
+        self._awaited = 0
+        self._started = 0
+        self._starts: dict[int, Any] = {}
+        self._replicas: list[WorkerState] | None = None
 
     def begin_epoch(self, draw: EpochDraw, progress: Progress) -> None:
         """Start loading the epoch ``progress`` describes: a task for each
         batch of the prefetch."""
         self._draw = draw
         self._epoch = progress.epoch
-        self._streams = None if self._map_style_dataset else progress.workers
+        self._replicas = progress.workers
         self._round_robin.begin(progress)
         self.table.order = []
         self._owed = 0
         for _ in range(self._prefetch):
             self._dispatch()
 
-    def await_started(self) -> None:
+    def await_started(self, after_reset: bool = False) -> None:
         """Wait until every worker said STARTED (NOTE [ Worker protocol ]):
         set up, so that a set-up failure or a death raises here, in iter(),
-        whatever the timing; or, after a persistent epoch's RESET, with its
-        new stream. Answers to tasks that come meanwhile are kept, and a
-        worker still loading an abandoned task gets the bigger slot it asks
-        for: it reads the RESET only after that task."""
+        whatever the timing; or, ``after_reset`` (a persistent epoch's), with
+        its new stream. Answers to tasks that come meanwhile are kept. After a
+        RESET, a worker still loading an abandoned task gets the bigger slot
+        it asks for: it reads the RESET only after that task. (At set-up a
+        worker says STARTED before any task: requests wait for _settle.)"""
         deadline = deadline_after(self._timeout)
         while self._started < self.workers.num_workers:
             self._pump(deadline)
-            self._serve_needs(None)
+            if after_reset:
+                self._serve_needs(None)
+        for worker_id, state in self._starts.items():
+            _checkpoint.record_replica_start(self._replicas, worker_id, state)
+        self._starts = {}
 
     def new_epoch(self, draw: EpochDraw, progress: Progress) -> None:
         """Persistent workers: give the unfinished epoch up and begin the one
@@ -135,6 +144,9 @@ class ProcessDispatcher:
         lookahead, self._lookahead = self._lookahead, None
         if lookahead is not None and lookahead.epoch == progress.epoch:
             self._carried = CarriedTasks(lookahead.tasks)
+            # Its RESET began this epoch: await the rest of its answers.
+            self._awaited, self._starts = lookahead.serial, lookahead.starts
+            self._started = len(lookahead.starts)
         else:
             lookahead, self._carried = None, CarriedTasks()
         carried = self._carried.ids()
@@ -150,11 +162,11 @@ class ProcessDispatcher:
             self._pump(deadline)
             self._serve_needs(None)
         if lookahead is None:  # a lookahead sent this already
-            self._reset_workers(progress.epoch, progress.datapipe_seed)
+            self._awaited = self._reset_workers(progress.epoch, progress.datapipe_seed)
+            self._started, self._starts = 0, {}
         self.begin_epoch(draw, progress)
-        if lookahead is None:
-            # A state taken now holds where each stream starts (their STARTED).
-            self.await_started()
+        # A state taken now holds where each replica starts (their STARTED).
+        self.await_started(after_reset=True)
 
     def next_ready(self, stream_ended: Callable[[Task], None]) -> tuple[Task, Any] | None:
         """The next batch due and its task (the batch a Failure when the
@@ -275,15 +287,14 @@ class ProcessDispatcher:
             return
         epoch = self._epoch + 1
         # Map-style only: no drawn DataPipe seed (_datapipes.epoch_seed).
-        self._reset_workers(epoch, None)
-        self._lookahead = LookaheadTasks(epoch, head, self.workers.num_workers)
+        serial = self._reset_workers(epoch, None)
+        self._lookahead = LookaheadTasks(epoch, head, self.workers.num_workers, serial)
 
-    def _reset_workers(self, epoch: int, pipe_seed: int | None) -> None:
-        """RESET every worker; STARTED is counted anew, from their answers to
-        this RESET only."""
+    def _reset_workers(self, epoch: int, pipe_seed: int | None) -> int:
+        """RESET every worker; the serial their STARTED answers will carry."""
         self._resets += 1
-        self._started = 0
         self.workers.reset(epoch, pipe_seed, self._resets)
+        return self._resets
 
     def _dispatch_lookahead(self) -> None:
         """The next lookahead task, in the slot a delivered batch freed. It
@@ -424,10 +435,13 @@ class ProcessDispatcher:
         if kind == FAILED and task_id == INIT_TASK:
             raise WorkerSetupFailed(message[2])
         if kind == STARTED:
-            if message[3] == self._resets:  # else an answer to an earlier RESET
+            serial, lookahead = message[3], self._lookahead
+            if serial == self._awaited:
                 self._started += 1
-                _checkpoint.record_stream_start(self._streams, message[2], message[4])
-            return
+                self._starts[message[2]] = message[4]
+            elif lookahead is not None and serial == lookahead.serial:
+                lookahead.starts[message[2]] = message[4]
+            return  # else an answer to a RESET given up
         if kind == NEED:
             self._needs.append(message)
             return

@@ -68,8 +68,8 @@ Worker -> main process (result ring):
                                    failed (ProcessDispatcher.await_started;
                                    worker threads say it too); an answer to an
                                    earlier RESET is dropped; stream_state: the
-                                   iterable stream's state then, or None
-                                   (_checkpoint.stream_start)
+                                   replica's state then, or None
+                                   (_checkpoint.replica_start)
 
 Why these two ways around the ring: a worker that streams a large message
 into the socket only waits for the main process to read it, which the main

@@ -225,7 +225,7 @@ class _Worker:
         """Say STARTED (NOTE [ Worker protocol ]): set up (serial 0), or the
         new stream of RESET ``serial`` ready."""
         self.results.put((STARTED, INIT_TASK, self.worker_id, serial,
-                          _checkpoint.stream_start(self.fetcher)))
+                          _checkpoint.replica_start(self.fetcher)))
 
     def new_fetcher(self, resume: WorkerState | None = None) -> None:
         """A fresh fetcher; with ``resume``, an iterable dataset put where a
@@ -506,7 +506,7 @@ class ThreadIter(WorkerIter):
         if kind == STARTED:
             if message[3] == self._resets:  # else an answer to an earlier RESET
                 self._started += 1
-                _checkpoint.record_stream_start(self._progress.workers, message[2], message[4])
+                _checkpoint.record_replica_start(self._progress.workers, message[2], message[4])
             return
         if kind == GLOBAL_RNG_USED:
             if not self._warned_global_rng:

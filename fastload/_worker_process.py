@@ -214,7 +214,7 @@ class _Worker:
         """Say STARTED (NOTE [ Worker protocol ]): set up (serial 0), or the
         new stream of RESET ``serial`` ready."""
         self.reply(STARTED, INIT_TASK, self.worker_id, serial,
-                   _checkpoint.stream_start(self.fetcher))
+                   _checkpoint.replica_start(self.fetcher))
 
     def index_in_slot(self, slot: tuple[int, int, int], nbytes: int) -> Any:
         """A task's index that the main process wrote at the start of its slot."""

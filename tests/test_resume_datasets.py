@@ -344,13 +344,15 @@ class SlowAfterTwo(Counting):
         return super().__getitem__(i)
 
 
-def test_worker_threads_save_the_shared_dataset_after_an_abandoned_epochs_fetches():
-    """iter() after an epoch left early waits until the threads are done
-    with its prefetched tasks: the shared dataset's state taken then is
-    where the new epoch starts, not a moment before those fetches end."""
+@pytest.mark.parametrize("method", ["multiprocessing", "thread"])
+def test_a_new_epoch_saves_its_dataset_after_an_abandoned_epochs_fetches(method):
+    """iter() after an epoch left early waits until the workers are done
+    with its prefetched tasks (their STARTED): the dataset's state taken
+    then (the threads' shared one, each process's replica) is where the new
+    epoch starts, those fetches included."""
     def make():
         return fl.DataLoader(SlowAfterTwo(), batch_size=1, num_workers=1,
-                             worker_method="thread", persistent_workers=True)
+                             worker_method=method, persistent_workers=True)
 
     loader = make()
     it = iter(loader)
@@ -361,7 +363,8 @@ def test_worker_threads_save_the_shared_dataset_after_an_abandoned_epochs_fetche
     resumed = make()
     resumed.load_state_dict(state)
     assert [b.tolist() for b in resumed] == rest
-    assert state["dataset"]["served"] == rest[0][0][1] - 1
+    dataset = state["dataset"] if method == "thread" else state["workers"][0]["state"]
+    assert dataset["served"] == rest[0][0][1] - 1
 
 
 class SlowFirst(fl.Dataset):
@@ -470,7 +473,8 @@ def test_map_style_replica_states_fit_only_as_many_worker_processes():
     it = iter(loader)
     next(it)
     state = loader.state_dict()
-    assert [worker["state"] for worker in state["workers"]] == [{"served": 3}, None]
+    # Worker 1 has delivered nothing: its replica as it started (its STARTED).
+    assert [worker["state"] for worker in state["workers"]] == [{"served": 3}, {"served": 0}]
     for workers, method, difference in (
             (0, "multiprocessing", "num_workers is 0 here but 2 in the state"),
             (3, "multiprocessing", "num_workers is 3 here but 2 in the state"),
