@@ -36,7 +36,7 @@ from fastload._dispatch import (
     tasks_in_flight,
     wait_seconds,
 )
-from fastload._fetch import DatasetKind
+from fastload._fetch import DatasetKind, describe_indices
 from fastload._iterator import EpochDraw, Progress
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT, STARTED
@@ -427,7 +427,17 @@ class ProcessDispatcher:
             if task is None:
                 table.answered_stale(task_id)
                 return
-            table.finish(task_id, pack.unpack(task.lease, message[2]))
+            try:
+                batch = pack.unpack(task.lease, message[2])
+            except Exception as exc:
+                # This process cannot rebuild what the worker wrote (an
+                # object whose unpickling raises): that batch fails, in its
+                # place, and the epoch goes on.
+                batch = Failure(WorkerError(
+                    exc, task.worker_id,
+                    f"while the main process rebuilt the batch of indices "
+                    f"{describe_indices(task.index)}"))
+            table.finish(task_id, batch)
             self._stats[task.worker_id].add(message[3], message[4])
             task.has_dataset_state, task.dataset_state = message[5], message[6]
             task.dataset_ended = message[7]

@@ -86,10 +86,12 @@ def default_convert(data: Any) -> Any:
     return _collate.arrays_to_tensors(_collate.default_convert(data))
 
 
-# Collate functions that mean "the default": fastload's own then runs, with
-# its C paths in workers, and the batch's leaves become tensors.
-_DEFAULTS = (default_collate, default_convert, _torch_data.default_collate,
-             _torch_data.default_convert, _collate.default_collate, _collate.default_convert)
+# Collate functions that mean "the default" (of batching, and of single
+# samples): fastload's own then runs, with its C paths in workers, and the
+# batch's leaves become tensors. Any other collate_fn's result is left as it
+# made it, as torch leaves it.
+_COLLATES = (default_collate, _torch_data.default_collate, _collate.default_collate)
+_CONVERTS = (default_convert, _torch_data.default_convert, _collate.default_convert)
 
 
 T_co = TypeVar("T_co", covariant=True)
@@ -140,16 +142,20 @@ class DataLoader(_torch_data.DataLoader[T_co]):
             samplers = {"batch_sampler": self.batch_sampler}
         else:
             samplers = {"sampler": self.sampler, "batch_size": None}
+        # The default of this loader's kind is fastload's; the other default
+        # (default_collate of single samples, say) runs as torch runs it.
+        its_default = _COLLATES if self._auto_collation else _CONVERTS
         self._fastload = _loader.DataLoader(
             dataset, num_workers=num_workers,
-            collate_fn=None if self.collate_fn in _DEFAULTS else self.collate_fn,
+            collate_fn=None if self.collate_fn in its_default else self.collate_fn,
             pin_memory=pin_memory, timeout=timeout, worker_init_fn=worker_init_fn,
             multiprocessing_context=multiprocessing_context,
             # Without a generator torch draws the base seed from its global
             # RNG, before its RandomSampler draws: so does fastload here.
             generator=torch.default_generator if generator is None else generator,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-            pin_memory_device=pin_memory_device, in_order=in_order, output="torch",
+            pin_memory_device=pin_memory_device, in_order=in_order,
+            output="torch" if self.collate_fn in _COLLATES + _CONVERTS else None,
             snapshot_every_n_steps=snapshot_every_n_steps, **samplers)
         # An attribute as torch's arguments are, so that a framework that
         # rebuilds the loader from them (Lightning) keeps it.

@@ -389,6 +389,45 @@ def test_a_set_up_failure_raises_in_iter_every_time(method):
     assert sum(len(batch) for batch in loader) == 16
 
 
+class Fragile:
+    """Pickles in a worker, but batch 6 cannot be rebuilt in the main process."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __getstate__(self):
+        return {"n": self.n}
+
+    def __setstate__(self, state):
+        if state["n"] == 6:
+            raise ValueError("cannot rebuild batch 6")
+        self.n = state["n"]
+
+
+def as_fragile(batch):
+    return Fragile(int(batch[0][0]))
+
+
+def test_a_batch_the_main_process_cannot_rebuild_fails_in_its_place():
+    """Unpickling a worker's batch in the main process raised out of the
+    dispatcher: the error came at another batch and the next next() hung.
+    It is that batch's exception now, raised when it is due, and the epoch
+    goes on."""
+    loader = fl.DataLoader(fl.ArrayDataset(np.arange(9)), batch_size=1, num_workers=2,
+                           collate_fn=as_fragile)
+    got = []
+    it = iter(loader)
+    while True:
+        try:
+            got.append(next(it).n)
+        except StopIteration:
+            break
+        except ValueError as error:
+            assert "cannot rebuild batch 6" in str(error) and "main process" in str(error)
+            got.append("failed")
+    assert got == [0, 1, 2, 3, 4, 5, "failed", 7, 8]
+
+
 class Four(fl.IterableDataset):
     def __iter__(self):
         yield from range(4)

@@ -64,6 +64,34 @@ def test_batches_are_torchs_batches(num_workers):
         assert a["name"] == b["name"]
 
 
+class NumpyPairs(td.Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return np.array([i, i + 1], np.float32)
+
+
+def stack_as_numpy(batch):
+    return {"x": np.stack(batch), "n": len(batch)}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_custom_collate_fns_result_is_left_as_it_made_it(num_workers):
+    """torch turns nothing of a custom collate_fn's result into tensors;
+    nor does this loader. Its defaults still give tensors, and the default
+    of the other kind (default_collate of single samples) runs as in torch."""
+    ours = list(flt.DataLoader(NumpyPairs(), batch_size=3, collate_fn=stack_as_numpy,
+                               num_workers=num_workers))
+    theirs = list(td.DataLoader(NumpyPairs(), batch_size=3, collate_fn=stack_as_numpy))
+    assert [type(b["x"]) for b in ours] == [np.ndarray, np.ndarray]
+    assert [b["x"].tolist() for b in ours] == [b["x"].tolist() for b in theirs]
+    single = list(flt.DataLoader(NumpyPairs(), batch_size=None, collate_fn=td.default_collate,
+                                 num_workers=num_workers))
+    expected = list(td.DataLoader(NumpyPairs(), batch_size=None, collate_fn=td.default_collate))
+    assert all(torch.equal(a, b) for a, b in zip(single, expected)) and len(single) == 6
+
+
 class Stream(td.IterableDataset):
     """torch's sharding recipe: each worker yields its own part."""
 
