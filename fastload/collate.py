@@ -291,4 +291,6 @@ def _map_leaves(convert: Callable[[Any], Any], data: Any) -> Any:
         return tuple(_map_leaves(convert, value) for value in data)
     if isinstance(data, Mapping):
         return _rebuild_mapping(data, {key: _map_leaves(convert, data[key]) for key in data})
+    if isinstance(data, list):  # a subclass, as collation keeps it
+        return _rebuild_sequence(data, [_map_leaves(convert, value) for value in data])
     return convert(data)

@@ -20,10 +20,10 @@ def gather_into(columns, indices, target, Py_ssize_t offset=0, Py_ssize_t capaci
     naming the index and the size. One C call per column, GIL released.
     Returns the layout for unpack; SlotTooSmallError when it does not fit.
     """
-    cdef bint single = cnp.PyArray_Check(columns) or _is_tensor(columns)
+    cdef bint single = cnp.PyArray_Check(columns) or _is_any_tensor(columns)
     cdef tuple given_cols = (columns,) if single else tuple(columns)
     # Which results are tensors; the rows are copied from numpy views.
-    cdef tuple tensors = tuple([_is_tensor(col_obj) for col_obj in given_cols])
+    cdef tuple tensors = tuple([_is_any_tensor(col_obj) for col_obj in given_cols])
     cdef tuple cols = given_cols
     if any(tensors):
         cols = tuple([_tensor_as_array(col_obj) if tensor else col_obj

@@ -115,13 +115,18 @@ cdef enum:
 
 
 cdef int _kind_of(object o) except -1:
+    """The kind of a sample position; TypeError for anything this module
+    does not rebuild exactly as default_collate makes it, which the caller's
+    general path then collates (a list or tensor subclass, whose type
+    default_collate keeps; a numpy scalar that is not a number, which it
+    refuses)."""
     if cnp.PyArray_Check(o):
         return K_ARRAY
     # str before numpy: np.str_ and np.bytes_ are strings, kept as is.
     if isinstance(o, (str, bytes)):
         return K_VALUE
     # numpy before float: np.float64 is a float subclass.
-    if isinstance(o, np.generic):
+    if isinstance(o, (np.number, np.bool_)):
         return K_NPSCALAR
     if PyBool_Check(o):
         return K_BOOL
@@ -133,7 +138,7 @@ cdef int _kind_of(object o) except -1:
         return K_MAPPING
     if PyTuple_Check(o) and hasattr(type(o), "_fields"):
         return K_NAMEDTUPLE
-    if isinstance(o, (list, tuple)):
+    if type(o) is list or type(o) is tuple:
         return K_LIST
     if _is_tensor(o):
         return K_TENSOR
@@ -145,7 +150,14 @@ cdef object _tensor_type = None
 
 
 cdef bint _is_tensor(object o) except -1:
-    """Whether o is a torch tensor; torch is never imported here, only
+    """Whether o is a torch tensor, not of a subclass (whose type
+    torch.stack keeps, so collation leaves it to the general path)."""
+    return _is_any_tensor(o) and type(o) is _tensor_type
+
+
+cdef bint _is_any_tensor(object o) except -1:
+    """Whether o is a torch tensor of any class (a gathered column: its
+    rows are read through a numpy view); torch is never imported here, only
     looked up once the program imported it."""
     global _tensor_type
     if _tensor_type is None:

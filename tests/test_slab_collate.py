@@ -371,3 +371,4 @@ def test_tensors_the_slot_writer_leaves_to_default_collate_raise(make):
     torch = _torch()
     with pytest.raises((TypeError, RuntimeError, CollateError)):
         collate_into(make(torch), bytearray(1 << 12))
+

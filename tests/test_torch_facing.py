@@ -92,6 +92,26 @@ def test_a_custom_collate_fns_result_is_left_as_it_made_it(num_workers):
     assert all(torch.equal(a, b) for a, b in zip(single, expected)) and len(single) == 6
 
 
+class TaggedPairs(list):
+    """A list subclass: torch's default_collate keeps its type."""
+
+
+class TaggedRows(td.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return TaggedPairs([np.float32(i), np.arange(2) + i])
+
+
+def test_a_list_subclass_sample_collates_to_tensors_in_its_type():
+    ours = list(flt.DataLoader(TaggedRows(), batch_size=2))
+    theirs = list(td.DataLoader(TaggedRows(), batch_size=2))
+    assert [type(b) for b in ours] == [type(b) for b in theirs] == [TaggedPairs] * 2
+    assert all(isinstance(leaf, torch.Tensor) for b in ours for leaf in b)
+    assert all(torch.equal(a, b) for x, y in zip(ours, theirs) for a, b in zip(x, y))
+
+
 class Stream(td.IterableDataset):
     """torch's sharding recipe: each worker yields its own part."""
 

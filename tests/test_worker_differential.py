@@ -226,3 +226,60 @@ def test_a_batch_past_the_shared_memory_cap_fails_alone(monkeypatch):
             next(it)
         rest = [batch[:, 0].tolist() for batch in it]
         assert rest == [[4, 5, 6, 7], [8, 9, 10, 11]]
+
+
+class Tagged(list):
+    """A list subclass: default_collate keeps its type."""
+
+
+def _outcome(loader):
+    try:
+        return [("batch", type(b).__name__, repr(b)) for b in loader]
+    except TypeError as error:
+        return [("error", type(error).__name__, str(error).splitlines()[0][-60:])]
+
+
+@pytest.mark.parametrize("sample", [
+    lambda i: Tagged([np.float32(i), np.arange(2) + i]),
+    lambda i: np.datetime64(i, "D"),
+    lambda i: np.zeros(1, dtype=[("a", "i4"), ("b", "f8")])[0],
+], ids=["list subclass", "datetime64 scalar", "structured scalar"])
+@pytest.mark.parametrize("method", ["multiprocessing", "thread"])
+def test_what_the_c_collation_does_not_rebuild_exactly_takes_the_general_path(sample, method):
+    """Samples default_collate keeps the type of, or refuses, are not
+    collated in C: workers give what num_workers=0 gives (the batch, or the
+    same exception)."""
+    class Samples(fl.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return sample(i)
+
+    expected = _outcome(fl.DataLoader(Samples(), batch_size=2))
+    got = _outcome(fl.DataLoader(Samples(), batch_size=2, num_workers=2, worker_method=method))
+    assert [row[:2] for row in got] == [row[:2] for row in expected]
+    if expected[0][0] == "batch":
+        assert got == expected
+
+
+if torch is not None:
+    class Marked(torch.Tensor):
+        """A tensor subclass: torch.stack keeps it."""
+
+
+class MarkedSamples(fl.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.arange(3.0).as_subclass(Marked) + i
+
+
+@pytest.mark.skipif(torch is None, reason="a torch.Tensor subclass needs torch")
+def test_a_tensor_subclass_keeps_its_class_with_workers():
+    for kwargs in ({}, {"num_workers": 2}, {"num_workers": 2, "worker_method": "thread"}):
+        batches = list(fl.DataLoader(MarkedSamples(), batch_size=2, **kwargs))
+        assert [type(b) for b in batches] == [Marked, Marked], kwargs
+        assert torch.equal(batches[1].as_subclass(torch.Tensor),
+                           torch.arange(3.0).repeat(2, 1) + torch.tensor([[2.0], [3.0]]))
