@@ -21,7 +21,7 @@ def pickle_into(obj, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1, *,
         buffers.append(raw)
         return False
 
-    stream = pickle.dumps(obj, protocol=5, buffer_callback=out_of_band)
+    stream = _dumps_with_tensor_bytes(obj, out_of_band)
     cdef _Target t = _target(target, offset, capacity)
     if reserved < 0 or <size_t>reserved > t.capacity:
         raise ValueError("reserved={} lies outside the slot of {} bytes"
@@ -80,3 +80,44 @@ cdef int _copy_buffers(char *base, list buffers, list places) except -1:
         PyMem_Free(views)
         PyMem_Free(offs)
     return 0
+
+
+def _dumps_with_tensor_bytes(obj, buffer_callback):
+    """pickle.dumps(obj, protocol 5), torch tensors (exactly torch.Tensor,
+    plain CPU ones) pickled as their storage's bytes, a numpy array that
+    goes out of band like any other, so unpack rebuilds them as views of
+    the slot: no copy in the pickle stream, any dtype torch can view bytes
+    as (uint16 to uint64 and bfloat16 too, which torch's own pickle of a
+    storage cannot load), and tensors that shared a storage share one
+    again (the bytes are one array, pickled once)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return pickle.dumps(obj, protocol=5, buffer_callback=buffer_callback)
+    storages = {}
+
+    def reduce_tensor(tensor):
+        if (tensor.device.type != "cpu" or tensor.layout is not torch.strided
+                or tensor.requires_grad or tensor.is_conj() or tensor.is_neg()
+                or tensor.is_quantized or any(getattr(tensor, "names", ()))):
+            return tensor.__reduce_ex__(5)
+        storage = tensor.untyped_storage()
+        data = storages.get(storage.data_ptr())
+        if data is None:
+            data = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+            storages[storage.data_ptr()] = data
+        return (_tensor_from_bytes, (data, str(tensor.dtype).rpartition(".")[2],
+                                     tuple(tensor.shape), tuple(tensor.stride()),
+                                     tensor.storage_offset()))
+
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffer_callback)
+    pickler.dispatch_table = copyreg.dispatch_table.copy()
+    pickler.dispatch_table[torch.Tensor] = reduce_tensor
+    pickler.dump(obj)
+    return out.getvalue()
+
+
+def _tensor_from_bytes(data, dtype, shape, stride, offset):
+    """A tensor _dumps_with_tensor_bytes pickled: ``data``'s bytes viewed."""
+    import torch
+    return torch.from_numpy(data).view(getattr(torch, dtype)).as_strided(shape, stride, offset)

@@ -76,6 +76,8 @@ from libc.stdint cimport int64_t
 from libc.string cimport memcmp, memcpy
 
 import copy
+import copyreg
+import io
 import pickle
 import sys
 from collections.abc import Mapping, MutableMapping

@@ -148,3 +148,33 @@ def test_array_dataset_of_tensors_gives_torchs_batches(num_workers, method):
                                   worker_method=method)))
     assert_tensor_equal(one[0], images[0])
     assert_tensor_equal(one[1], labels[0])
+
+
+def collate_views(samples):
+    """A custom collate_fn's tensors: odd dtypes, and two views of one storage."""
+    x = torch.stack([torch.full((3,), s, dtype=torch.float32) for s in samples])
+    return {"x": x, "row": x[1], "t": x.t(), "u16": x.to(torch.uint16),
+            "bf16": x.to(torch.bfloat16), "u64": x.to(torch.uint64)}
+
+
+def collate_first_values(rows):
+    return collate_views([int(row[0]) for row in rows])
+
+
+@pytest.mark.parametrize("method", ["multiprocessing", "thread"])
+def test_tensors_of_a_custom_collate_fn_arrive_as_they_left(method):
+    """Tensors a custom collate_fn made travel from worker processes as
+    their storage's bytes: every dtype (uint16 to uint64 and bfloat16,
+    which torch's pickle of a storage cannot load), strides and views, and
+    views of one storage still share it."""
+    loader = fl.DataLoader(fl.ArrayDataset(np.arange(6)), batch_size=2, num_workers=2,
+                           worker_method=method, collate_fn=collate_first_values)
+    expected = [collate_views([2 * i, 2 * i + 1]) for i in range(3)]
+    got = list(loader)
+    for batch, want in zip(got, expected):
+        for key in want:
+            assert batch[key].dtype == want[key].dtype and batch[key].stride() == want[key].stride()
+            assert torch.equal(batch[key].to(torch.float64), want[key].to(torch.float64))
+    batch = got[0]
+    batch["x"][1, 0] = 99  # the views share the storage, as they left
+    assert batch["row"][0] == 99 and batch["t"][0, 1] == 99
