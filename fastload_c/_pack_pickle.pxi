@@ -97,9 +97,10 @@ def _dumps_with_tensor_bytes(obj, buffer_callback):
 
     def reduce_tensor(tensor):
         if (tensor.device.type != "cpu" or tensor.layout is not torch.strided
-                or tensor.requires_grad or tensor.is_conj() or tensor.is_neg()
-                or tensor.is_quantized or any(getattr(tensor, "names", ()))):
-            return tensor.__reduce_ex__(5)
+                or tensor.is_nested or tensor.requires_grad or tensor.is_conj()
+                or tensor.is_neg() or tensor.is_quantized
+                or any(getattr(tensor, "names", ()))):
+            return tensor.__reduce_ex__(5)  # torch's own, as it would be
         storage = tensor.untyped_storage()
         data = storages.get(storage.data_ptr())
         if data is None:

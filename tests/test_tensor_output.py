@@ -178,3 +178,16 @@ def test_tensors_of_a_custom_collate_fn_arrive_as_they_left(method):
     batch = got[0]
     batch["x"][1, 0] = 99  # the views share the storage, as they left
     assert batch["row"][0] == 99 and batch["t"][0, 1] == 99
+
+
+def collate_nested(rows):
+    return torch.nested.nested_tensor([torch.arange(float(int(row[0]) + 1)) for row in rows])
+
+
+def test_tensors_torch_pickles_its_own_way_still_arrive():
+    """A nested tensor is not a plain strided one: it goes through torch's
+    own pickle, as before (torch's test_nested_tensor_multiprocessing)."""
+    loader = fl.DataLoader(fl.ArrayDataset(np.arange(4)), batch_size=2, num_workers=2,
+                           collate_fn=collate_nested)
+    got = [[t.tolist() for t in batch.unbind()] for batch in loader]
+    assert got == [[[0.0], [0.0, 1.0]], [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0, 3.0]]]
