@@ -228,15 +228,6 @@ class BaseIter:
     def _next_data(self) -> Any:
         raise NotImplementedError
 
-    def _record_shared_start(self) -> None:
-        """A map-style dataset loaded in this process by worker threads, with
-        a state: a state taken before the epoch's first batch holds where it
-        starts (taken before any thread fetches; the main process's own
-        loop takes it from its fetcher)."""
-        if self._map_style and is_stateful(self._dataset):
-            self._progress.dataset = self._dataset.state_dict()
-            self._progress.dataset_step = 0
-
     def _end_epoch(self) -> None:
         """The sampler ran out: the state now says "epoch finished", and holds
         where a map-style dataset loaded in this process ended (0 workers,

@@ -176,7 +176,7 @@ class ProcessDispatcher:
         if self._needs or self._owed:
             self._settle()
         table, pool = self.table, self.workers.pool
-        waits = 0
+        waiting = False
         while True:
             found = table.pop_next_batch(self._in_order, stream_ended)
             if found is not None:
@@ -197,9 +197,8 @@ class ProcessDispatcher:
                 return task, batch
             if not table.order:
                 return None
-            if not waits:  # the timeout counts from the first wait
-                deadline = deadline_after(self._timeout)
-            waits += 1
+            if not waiting:  # the timeout counts from the first wait
+                deadline, waiting = deadline_after(self._timeout), True
             awaited = table.in_flight.get(table.order[0]) if self._in_order else None
             self._settle(awaited.worker_id if awaited is not None else None)
             self._pump(deadline)

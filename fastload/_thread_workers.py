@@ -95,7 +95,13 @@ from fastload import _checkpoint, _datapipes, _memory
 from fastload._checkpoint import LoaderState, WorkerState
 from fastload._dispatch import RoundRobin, WorkerIter, wait_seconds
 from fastload._fast_path import BatchWriter, Write
-from fastload._fetch import DatasetKind, create_fetcher, describe_failure, describe_indices
+from fastload._fetch import (
+    DatasetKind,
+    create_fetcher,
+    describe_failure,
+    describe_indices,
+    is_stateful,
+)
 from fastload._iterator import pin_batch, pin_target
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, STARTED
 from fastload._sample_rng import context as sample_context
@@ -373,6 +379,14 @@ class ThreadIter(WorkerIter):
         while self._started < len(self._workers):
             self._wait(deadline)
 
+    def _record_shared_start(self) -> None:
+        """A map-style dataset the threads share, with a state: a state taken
+        before the epoch's first batch holds where it starts (taken before
+        any thread fetches for this epoch)."""
+        if self._map_style and is_stateful(self._dataset):
+            self._progress.dataset = self._dataset.state_dict()
+            self._progress.dataset_step = 0
+
     @property
     def worker_threads(self) -> list[threading.Thread]:
         """This iterator's worker threads, in worker-id order."""
@@ -434,7 +448,7 @@ class ThreadIter(WorkerIter):
         if not self.reusable:
             raise StopIteration  # the workers were stopped: the epoch ended there
         table, progress = self._table, self._progress
-        waits = 0
+        waiting = False
         while True:
             next_ready = table.pop_next_batch(self._in_order, progress.stream_ended)
             if next_ready is not None:
@@ -450,9 +464,8 @@ class ThreadIter(WorkerIter):
                 if not self._persistent_workers:
                     self._stop()
                 raise StopIteration
-            if not waits:  # the timeout counts from the first wait
-                deadline = self._deadline()
-            waits += 1
+            if not waiting:  # the timeout counts from the first wait
+                deadline, waiting = self._deadline(), True
             self._wait(deadline)
 
     def _wait(self, deadline: float | None) -> None:

@@ -29,10 +29,11 @@ Chunk = Union[np.ndarray, list[Any]]
 LIST_ITEMS = 8192
 
 
-def _as_lists(chunk: Chunk) -> Iterator[list[Any]]:
+def _pieces(chunk: Chunk) -> Iterator[Chunk]:
+    """A chunk in pieces of at most LIST_ITEMS (views: nothing converted)."""
     if isinstance(chunk, np.ndarray):
         for start in range(0, len(chunk), LIST_ITEMS):
-            yield chunk[start:start + LIST_ITEMS].tolist()
+            yield chunk[start:start + LIST_ITEMS]
     else:
         yield chunk
 
@@ -136,15 +137,12 @@ class _EpochSampler(Sampler[int]):
         done = 0
         for chunk in self._chunks(token):
             self._generator_state = None  # drawing the chunk may have moved it
-            if skip >= len(chunk):
-                skip -= len(chunk)
-                done += len(chunk)
-                continue
-            for items in _as_lists(chunk):
-                if skip >= len(items):
-                    skip -= len(items)
-                    done += len(items)
+            for piece in _pieces(chunk):
+                if skip >= len(piece):  # resumed past it: never converted
+                    skip -= len(piece)
+                    done += len(piece)
                     continue
+                items = piece.tolist() if isinstance(piece, np.ndarray) else piece
                 current: Any = iter(items)
                 if skip:
                     current.__setstate__(skip)
