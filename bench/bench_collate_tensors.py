@@ -14,18 +14,15 @@ ratios paired within a repeat. Needs torch.
 """
 from __future__ import annotations
 
-import gc
 import statistics
-import time
 from typing import Any
 
 import torch
-from bench_threads import method_arguments  # one definition of the arguments
+from bench_threads import measured_rate, method_arguments  # one definition of each
 from torch.utils import data as td
 
 import fastload as fl
 
-WARMUP_SECONDS = 0.3
 BATCH_SIZE = 8
 
 
@@ -47,18 +44,7 @@ def batch_rate(make: Any, duration: float, workers: int) -> float:
     """Batches/s over ``duration`` seconds after a warm-up."""
     loader = make(Indices(), batch_size=BATCH_SIZE, collate_fn=collate_tensors,
                   num_workers=workers, persistent_workers=workers > 0)
-    batches, started, measuring = 0, time.perf_counter(), False
-    while True:
-        for _ in loader:
-            now = time.perf_counter()
-            if not measuring and now - started >= WARMUP_SECONDS:
-                batches, started, measuring = 0, now, True
-            elif measuring:
-                batches += 1
-                if now - started >= duration:
-                    del loader
-                    gc.collect()
-                    return batches / (now - started)
+    return measured_rate(loader, duration, lambda batch: 1)
 
 
 def main() -> None:

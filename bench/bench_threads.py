@@ -53,19 +53,26 @@ def loader_rate(dataset: Any, batch_size: int, duration: float, **kwargs: Any) -
     a warm-up (batches of arrays: a tuple, or a dict)."""
     loader = fl.DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=0,
                            persistent_workers=kwargs.get("num_workers", 0) > 0, **kwargs)
-    samples, started, measuring = 0, time.perf_counter(), False
+    return measured_rate(loader, duration, lambda batch: len(
+        next(iter(batch.values())) if isinstance(batch, dict) else batch[0]))
+
+
+def measured_rate(loader: Any, duration: float, count: Callable[[Any], int]) -> float:
+    """``count(batch)`` summed per second while ``loader`` is drained, epoch
+    after epoch, for ``duration`` seconds after a warm-up; the loader is
+    dropped at the end (its workers with it)."""
+    total, started, measuring = 0, time.perf_counter(), False
     while True:
         for batch in loader:
             now = time.perf_counter()
             if not measuring and now - started >= WARMUP_SECONDS:
-                samples, started, measuring = 0, now, True
+                total, started, measuring = 0, now, True
             elif measuring:
-                samples += len(next(iter(batch.values())) if isinstance(batch, dict)
-                               else batch[0])
+                total += count(batch)
                 if now - started >= duration:
                     del loader, batch
                     gc.collect()
-                    return samples / (now - started)
+                    return total / (now - started)
 
 
 def take_rate(dataset: fl.ArrayDataset, batch_size: int, duration: float) -> float:
