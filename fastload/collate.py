@@ -9,6 +9,7 @@ numpy call.
 from __future__ import annotations
 
 import copy
+import pickle
 from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, Sequence
 from typing import Any
 
@@ -79,6 +80,29 @@ def _shape_error(shapes: list[tuple[int, ...]]) -> CollateError:
     )
 
 
+# dtype -> the dtype of its batches (_canonical); bounded like _handlers.
+_canonical_dtypes: dict[np.dtype[Any], np.dtype[Any]] = {}
+
+
+def _canonical(out: np.ndarray) -> np.ndarray:
+    """``out`` in the dtype a batch has however it was collated: numpy's
+    promotion of the samples' dtypes (native byte order, packed fields), as
+    np.array gives from two samples on but not for a lone one, under the
+    name a pickle gives back (np.ulonglong's arrays come back as
+    np.uint64's): the dtype of the C collation and of worker processes."""
+    dtype = out.dtype
+    canonical = _canonical_dtypes.get(dtype)
+    if canonical is None:
+        canonical = pickle.loads(pickle.dumps(np.result_type(dtype)))
+        if len(_canonical_dtypes) >= _MAX_CACHED_TYPES:
+            _canonical_dtypes.clear()
+        _canonical_dtypes[dtype] = canonical
+    if canonical is dtype or (canonical.char == dtype.char and canonical == dtype):
+        return out
+    # Equal dtypes under two names ('Q' and 'L') share bytes: a view.
+    return out.view(canonical) if canonical == dtype else out.astype(canonical)
+
+
 def _collate_arrays(batch: Sequence[Any], elem: np.ndarray) -> np.ndarray:
     if elem.dtype.kind in _REFUSED_KINDS:
         raise TypeError(_UNSUPPORTED.format(elem.dtype))
@@ -91,7 +115,7 @@ def _collate_arrays(batch: Sequence[Any], elem: np.ndarray) -> np.ndarray:
         raise _shape_error([np.shape(a) for a in batch])
     if out.dtype.kind in _REFUSED_KINDS:
         raise TypeError(_UNSUPPORTED.format(out.dtype))
-    return out
+    return _canonical(out)
 
 
 def _collate_tensors(batch: Sequence[Any], elem: Any) -> Any:
@@ -108,7 +132,7 @@ def _collate_tensors(batch: Sequence[Any], elem: Any) -> Any:
 
 
 def _collate_numpy_scalars(batch: Sequence[Any], elem: Any) -> np.ndarray:
-    return np.array(batch)
+    return _canonical(np.array(batch))
 
 
 def _collate_floats(batch: Sequence[Any], elem: Any) -> np.ndarray:
@@ -116,8 +140,9 @@ def _collate_floats(batch: Sequence[Any], elem: Any) -> np.ndarray:
 
 
 def _collate_ints(batch: Sequence[Any], elem: Any) -> np.ndarray:
-    # Inferred rather than forced: ints give int64, bools give bool.
-    return np.array(batch)
+    # Inferred rather than forced: ints give int64 (uint64 from 2**63 on),
+    # bools give bool.
+    return _canonical(np.array(batch))
 
 
 def _keep(batch: Sequence[Any], elem: Any) -> Sequence[Any]:
@@ -256,11 +281,15 @@ def arrays_to_tensors(data: Any) -> Any:
         raise ImportError("output='torch' needs PyTorch installed (pip install torch)")
 
     def to_tensor(leaf: Any) -> Any:
-        if isinstance(leaf, np.ndarray):
-            return torch.from_numpy(leaf) if leaf.dtype.kind in _NUMERIC_KINDS else leaf
         if isinstance(leaf, (np.bool_, np.number)):
-            return torch.from_numpy(np.asarray(leaf))
-        return leaf
+            leaf = np.asarray(leaf)
+        elif not isinstance(leaf, np.ndarray) or leaf.dtype.kind not in _NUMERIC_KINDS:
+            return leaf
+        if leaf.dtype.char == "Q":
+            # np.ulonglong, which torch refuses by name: the same bytes as
+            # np.uint64, the name a pickle gives back (see _canonical).
+            leaf = leaf.view(np.uint64)
+        return torch.from_numpy(leaf)
 
     return _map_leaves(to_tensor, data)
 

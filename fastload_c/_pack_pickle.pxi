@@ -83,16 +83,21 @@ cdef int _copy_buffers(char *base, list buffers, list places) except -1:
 
 
 def _dumps_with_tensor_bytes(obj, buffer_callback):
-    """pickle.dumps(obj, protocol 5), torch tensors (exactly torch.Tensor,
-    plain CPU ones) pickled as their storage's bytes, a numpy array that
-    goes out of band like any other, so unpack rebuilds them as views of
-    the slot: no copy in the pickle stream, any dtype torch can view bytes
-    as (uint16 to uint64 and bfloat16 too, which torch's own pickle of a
-    storage cannot load), and tensors that shared a storage share one
-    again (the bytes are one array, pickled once)."""
+    """pickle.dumps(obj, protocol 5), with two changes that keep what
+    numpy's and torch's own reductions would change.
+
+    - torch tensors (exactly torch.Tensor, plain CPU ones) are pickled as
+      their storage's bytes, a numpy array that goes out of band like any
+      other, so unpack rebuilds them as views of the slot: no copy in the
+      pickle stream, any dtype torch can view bytes as (uint16 to uint64
+      and bfloat16 too, which torch's own pickle of a storage cannot load),
+      and tensors that shared a storage share one again (the bytes are one
+      array, pickled once).
+    - numpy arrays (exactly np.ndarray) keep their dtype as it is: numpy
+      gives a strided array of another byte order back in native order,
+      and np.longlong's and np.ulonglong's arrays back as np.int64's and
+      np.uint64's (see _reduce_array)."""
     torch = sys.modules.get("torch")
-    if torch is None:
-        return pickle.dumps(obj, protocol=5, buffer_callback=buffer_callback)
     storages = {}
 
     def reduce_tensor(tensor):
@@ -112,10 +117,35 @@ def _dumps_with_tensor_bytes(obj, buffer_callback):
 
     out = io.BytesIO()
     pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffer_callback)
-    pickler.dispatch_table = copyreg.dispatch_table.copy()
-    pickler.dispatch_table[torch.Tensor] = reduce_tensor
+    pickler.dispatch_table = _dispatch_table
+    if torch is not None:
+        pickler.dispatch_table = _dispatch_table.copy()
+        pickler.dispatch_table[torch.Tensor] = reduce_tensor
     pickler.dump(obj)
     return out.getvalue()
+
+
+def _reduce_array(array):
+    """numpy's reduction of ``array``, unless it would not give its dtype
+    back (another byte order: numpy returns native strided arrays and
+    datetimes; np.longlong's and np.ulonglong's name): then its bytes, its
+    dtype and the dtype's name."""
+    dtype = array.dtype
+    if dtype.hasobject or (dtype.isnative and dtype.char not in "qQ"):
+        return array.__reduce_ex__(5)
+    data = array.copy(order="C").reshape(-1).view(np.uint8)
+    return (_array_from_bytes, (data, dtype, dtype.char, array.shape))
+
+
+def _array_from_bytes(data, dtype, type_char, shape):
+    """An array _reduce_array pickled."""
+    if type_char in "qQ":  # a pickled dtype comes back as np.int64's, np.uint64's
+        dtype = np.dtype(type_char).newbyteorder(dtype.byteorder)
+    return data.view(dtype).reshape(shape)
+
+
+_dispatch_table = copyreg.dispatch_table.copy()
+_dispatch_table[np.ndarray] = _reduce_array
 
 
 def _tensor_from_bytes(data, dtype, shape, stride, offset):

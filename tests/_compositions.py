@@ -26,6 +26,10 @@ def _rng(*key) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
+PADDED = np.dtype({"names": ["a", "b"], "formats": ["i1", "<f4"], "offsets": [0, 8],
+                   "itemsize": 16})
+
+
 def leaf(kind: str, seed: int, i: int, path: str):
     """The value of one leaf of sample ``i``; ``kind`` says what it is."""
     rng = _rng(kind, seed, i, path)
@@ -57,6 +61,16 @@ def leaf(kind: str, seed: int, i: int, path: str):
         return torch.from_numpy(rng.standard_normal(2).astype(np.float32))
     if kind == "tensor_i":
         return torch.tensor(i)
+    if kind == "f32be":  # another byte order, not contiguous
+        return (rng.standard_normal(6) * 9).astype(">f4")[::2]
+    if kind == "padded":  # a structured dtype with gaps between its fields
+        row = np.zeros(2, dtype=PADDED)
+        row["a"], row["b"] = i, rng.standard_normal(2)
+        return row
+    if kind == "bigint":  # past int64: numpy makes them np.ulonglong
+        return 2**63 + i
+    if kind == "ulonglong":
+        return np.arange(3, dtype=np.ulonglong) + i
     if kind == "deep":  # 64 dimensions: a batch of them cannot exist
         return np.zeros((1,) * 64, dtype=np.uint8)
     if kind == "none":
@@ -173,7 +187,8 @@ def canonical(x):
     if isinstance(x, np.ndarray):
         if x.dtype.hasobject:
             return ("ndarray", x.dtype.str, x.shape, repr(x.tolist()))
-        return ("ndarray", x.dtype.str, x.shape, x.tobytes())
+        # The char tells np.ulonglong from np.uint64, the descr padded fields.
+        return ("ndarray", x.dtype.str, x.dtype.char, x.dtype.descr, x.shape, x.tobytes())
     if torch is not None and isinstance(x, torch.Tensor):
         return ("tensor", str(x.dtype), tuple(x.shape), x.numpy().tobytes())
     if isinstance(x, np.generic):

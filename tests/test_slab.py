@@ -172,6 +172,31 @@ def test_pickle_transport_puts_large_buffers_in_the_slot():
         pickle_into(np.zeros(1000), pool.acquire(), 0, 1000)
 
 
+PADDED = np.dtype({"names": ["a", "b"], "formats": ["i1", ">f4"], "offsets": [0, 8],
+                   "itemsize": 16})
+
+
+@pytest.mark.parametrize("array", [
+    (np.arange(6) * 1.5).astype(">f4")[::2],              # numpy: native order back
+    np.arange(4).astype(">M8[s]"),                        # numpy: native order back
+    np.arange(4000, dtype=">f8").reshape(40, 100)[:, ::3],  # large, out of band
+    np.arange(3, dtype=np.ulonglong),                     # numpy: np.uint64 back
+    np.arange(6, dtype=">q")[::2],
+    np.zeros(4, PADDED)[::2],
+    np.array(5, dtype=">i4"),
+], ids=["strided big-endian", "big-endian datetime", "large strided", "ulonglong",
+        "big-endian longlong", "padded fields", "0-d"])
+def test_pickle_transport_keeps_every_dtype_as_it_is(array):
+    """What numpy's own pickle changes (byte order, the name of a dtype)
+    comes back as it was: a batch is the same object with or without
+    worker processes."""
+    lease = SlabPool(1 << 20).acquire()
+    got = unpack(lease, pickle_into([array], lease))[0]
+    assert (got.dtype.str, got.dtype.char, got.dtype.descr, got.shape) == (
+        array.dtype.str, array.dtype.char, array.dtype.descr, array.shape)
+    assert got.tolist() == array.tolist()
+
+
 def test_layout_reaching_outside_the_slot_is_refused():
     pool = SlabPool(1 << 16)
     big = pool.acquire()

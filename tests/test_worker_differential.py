@@ -17,7 +17,7 @@ import fastload as fl
 from _compositions import COLLATE_FNS, build, epoch_outcome, torch
 
 LEAF_KINDS = ["f32", "u8img", "i64", "int", "float", "bool", "mixnum", "str", "longstr",
-              "bytes", "ragged", "obj", "deep", "none"]
+              "bytes", "ragged", "obj", "deep", "none", "f32be", "padded", "bigint", "ulonglong"]
 if torch is not None:
     LEAF_KINDS += ["tensor", "tensor_i"]
 
@@ -122,6 +122,41 @@ TORCH_CASES = [
     ("python", 10, ("dict", (("image", ("leaf", "tensor")), ("label", ("leaf", "int")))), (),
      True, 3),
 ]
+
+
+DTYPE_LEAVES = ["f32be", "padded", "bigint", "ulonglong"]
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 3])
+@pytest.mark.parametrize("kind", DTYPE_LEAVES)
+def test_a_batch_has_one_dtype_whatever_its_size_and_path(kind, batch_size):
+    """Another byte order, padded fields, ints past int64 and np.ulonglong:
+    a batch of one sample has the dtype of a batch of several (numpy's
+    promotion, which np.array skips for a lone sample), with or without
+    workers (the C collation and a pickle give that dtype)."""
+    description = ("python", 5, ("tuple", (("leaf", kind), ("leaf", "f32"))), (), False, 4)
+    options = {"batch_size": batch_size, "shuffle": False, "drop_last": False,
+               "collate": "default"}
+    assert_same_outcome(description, options, "fork", workers=(2,))
+    batches = list(fl.DataLoader(build(description), batch_size=batch_size))
+    dtypes = {batch[0].dtype.descr.__repr__() + batch[0].dtype.char for batch in batches}
+    assert len(dtypes) == 1, dtypes
+    assert batches[0][0].dtype.isnative
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch installed")
+@pytest.mark.parametrize("kind", ["f32be", "bigint", "ulonglong"])
+@pytest.mark.parametrize("kwargs", [{}, {"num_workers": 2},
+                                    {"num_workers": 2, "worker_method": "thread"}])
+def test_torch_output_of_those_dtypes_with_and_without_workers(kind, kwargs):
+    """torch refuses np.ulonglong and another byte order by name: output="torch"
+    gives the tensor whichever path collated the batch."""
+    dataset = build(("python", 3, ("leaf", kind), (), False, 5))
+    expected = fl.DataLoader(dataset, batch_size=1)
+    got = fl.DataLoader(dataset, batch_size=1, output="torch", **kwargs)
+    for want, batch in zip(expected, got, strict=True):
+        assert isinstance(batch, torch.Tensor)
+        assert np.array_equal(batch.numpy(), want)
 
 
 @pytest.mark.skipif(torch is None, reason="needs torch installed")
