@@ -4,6 +4,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import sys
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
@@ -70,8 +71,21 @@ def _is_iterable_dataset(dataset: Any) -> bool:
 def _as_array(value: Any) -> np.ndarray:
     if is_tensor(value):
         # Shares the tensor's memory; detach so tensors that require grad work.
-        return value.detach().numpy()
+        tensor = value.detach()
+        try:
+            return tensor.numpy()
+        except TypeError:
+            # A dtype numpy lacks (bfloat16, the float8s): its elements' bytes,
+            # as ints of their size, viewed back by TensorArrayDataset.
+            int_type = _INT_OF_SIZE.get(tensor.element_size())
+            if int_type is None or tensor.device.type != "cpu":
+                raise
+            return tensor.view(getattr(sys.modules["torch"], int_type)).numpy()
     return np.asarray(value)
+
+
+# torch's int dtype of each element size (see _as_array).
+_INT_OF_SIZE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 
 class ArrayDataset(Dataset[tuple[Any, ...]]):
@@ -140,12 +154,19 @@ class TensorArrayDataset(ArrayDataset):
     def __init__(self, *arrays: Any) -> None:
         super().__init__(*arrays)
         self.tensor_columns = tuple(is_tensor(a) for a in arrays)
+        # Each tensor's dtype where its array holds another (bfloat16's bytes
+        # as int16, see _as_array), else None.
+        self.viewed_dtypes = tuple(
+            a.dtype if is_tensor(a) and str(a.dtype) != f"torch.{array.dtype}" else None
+            for a, array in zip(arrays, self.arrays))
 
     def _as_tensors(self, values: Sequence[Any]) -> tuple[Any, ...]:
         torch = torch_or_none()  # a spawned worker has not imported it yet
         assert torch is not None, "the arrays were torch tensors"
-        return tuple(torch.from_numpy(np.asarray(value)) if tensor else value
-                     for value, tensor in zip(values, self.tensor_columns))
+        return tuple(
+            value if not tensor else torch.from_numpy(np.asarray(value)) if dtype is None
+            else torch.from_numpy(np.asarray(value)).view(dtype)
+            for value, tensor, dtype in zip(values, self.tensor_columns, self.viewed_dtypes))
 
     @property
     def columns(self) -> tuple[Any, ...]:
@@ -177,6 +198,8 @@ def gathered_columns(dataset: Any) -> tuple[Any, ...] | None:
     while is_plain_subset(dataset):
         dataset = dataset.dataset
     kind = type(dataset)
+    if kind is TensorArrayDataset and any(dataset.viewed_dtypes):
+        return None  # numpy cannot view those tensors: the C gather cannot read them
     if kind in (ArrayDataset, TensorArrayDataset):
         columns, views = dataset.columns, dataset.arrays
     elif kind is torch_data_class("TensorDataset"):

@@ -123,6 +123,24 @@ def test_tensors_numpy_cannot_view_take_the_general_path():
     assert all(batch[0].requires_grad for batch in batches)
 
 
+@pytest.mark.parametrize("num_workers,method,context", WORKERS)
+def test_dtypes_numpy_lacks_are_kept(num_workers, method, context):
+    """bfloat16 and float8 tensors, which numpy cannot view: fastload's
+    TensorDataset holds their bytes and gives torch's batches back."""
+    rows = torch.from_numpy(np.random.default_rng(0).standard_normal((7, 2)))
+    columns = [rows.to(torch.bfloat16), rows.to(torch.float8_e4m3fn), torch.arange(7)]
+    options = dict(num_workers=num_workers, worker_method=method,
+                   multiprocessing_context=context)
+    for batch_size in (3, None):
+        ours = fl.DataLoader(fl.TensorDataset(*columns), batch_size=batch_size, **options)
+        theirs = td.DataLoader(td.TensorDataset(*columns), batch_size=batch_size)
+        got, want = list(ours), list(theirs)
+        assert [[t.dtype for t in batch] for batch in got] == [
+            [t.dtype for t in batch] for batch in want]
+        _assert_same([[t.view(torch.uint8) for t in batch[:2]] for batch in got],
+                     [[t.view(torch.uint8) for t in batch[:2]] for batch in want])
+
+
 def test_gather_into_gives_tensor_columns_back_as_tensors():
     images = torch.arange(24, dtype=torch.float16).reshape(6, 2, 2)
     labels = np.arange(6)
