@@ -70,8 +70,10 @@ def _is_iterable_dataset(dataset: Any) -> bool:
 
 def _as_array(value: Any) -> np.ndarray:
     if is_tensor(value):
-        # Shares the tensor's memory; detach so tensors that require grad work.
-        tensor = value.detach()
+        # Shares the tensor's memory; detach so tensors that require grad work,
+        # and resolve a lazy conjugate or negation (a copy then, as numpy has
+        # no such bit).
+        tensor = value.detach().resolve_conj().resolve_neg()
         try:
             return tensor.numpy()
         except TypeError:

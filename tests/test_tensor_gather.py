@@ -141,6 +141,21 @@ def test_dtypes_numpy_lacks_are_kept(num_workers, method, context):
                      [[t.view(torch.uint8) for t in batch[:2]] for batch in want])
 
 
+@pytest.mark.parametrize("num_workers,method,context", WORKERS)
+def test_lazily_conjugated_or_negated_tensors_are_taken(num_workers, method, context):
+    """A conjugate or negative view (a bit torch resolves lazily, which numpy
+    cannot view) is a column like any other: torch's batches."""
+    rng = np.random.default_rng(1)
+    values = torch.from_numpy(rng.standard_normal((6, 2)) + 1j * rng.standard_normal((6, 2)))
+    columns = [values.conj(), torch._neg_view(values.real), torch.arange(6)]
+    assert columns[0].is_conj() and columns[1].is_neg()
+    ours = fl.DataLoader(fl.TensorDataset(*columns), batch_size=4, num_workers=num_workers,
+                         worker_method=method, multiprocessing_context=context)
+    theirs = td.DataLoader(td.TensorDataset(*columns), batch_size=4)
+    _assert_same([[t.resolve_conj().resolve_neg() for t in batch] for batch in ours],
+                 [[t.resolve_conj().resolve_neg() for t in batch] for batch in theirs])
+
+
 def test_gather_into_gives_tensor_columns_back_as_tensors():
     images = torch.arange(24, dtype=torch.float16).reshape(6, 2, 2)
     labels = np.arange(6)
