@@ -132,6 +132,13 @@ class BatchWriter:
             return (lambda t, o, c: pack.gather_into(arrays, rows, t, o, c),
                     lambda: fetcher.fetch(index))
         samples = fetcher.fetch_samples(index)
+        if (type(samples) is not list and len(samples) and isinstance(samples[0], (str, bytes))
+                and type(samples) not in (GatheredBatch, GatheredTensors)):
+            # default_collate gives a batch of strings back as the very
+            # sequence the dataset's __getitems__ made (a tuple, say); the C
+            # collation would make a list of it.
+            batch = fetcher.collate(samples, index)
+            return None, lambda: batch
         if type(samples) in (GatheredBatch, GatheredTensors):
             if not all(is_stacked_column(column) for column in samples.columns):
                 batch = fetcher.collate(samples, index)

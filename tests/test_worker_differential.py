@@ -124,6 +124,29 @@ TORCH_CASES = [
 ]
 
 
+class StringRows(fl.Dataset):
+    """Strings fetched a batch at a time, as a tuple."""
+
+    def __len__(self):
+        return 5
+
+    def __getitem__(self, i):
+        return "ab" * i
+
+    def __getitems__(self, indices):
+        return tuple(self[i] for i in indices)
+
+
+@pytest.mark.parametrize("method", ["multiprocessing", "thread"])
+def test_a_batch_of_strings_is_the_sequence_the_dataset_gave(method):
+    """default_collate returns a batch of strings as it is: the tuple
+    __getitems__ made, with workers too (as torch does)."""
+    expected = list(fl.DataLoader(StringRows(), batch_size=2))
+    assert [type(batch) for batch in expected] == [tuple] * 3
+    got = list(fl.DataLoader(StringRows(), batch_size=2, num_workers=2, worker_method=method))
+    assert got == expected and [type(batch) for batch in got] == [tuple] * 3
+
+
 DTYPE_LEAVES = ["f32be", "padded", "bigint", "ulonglong"]
 
 
