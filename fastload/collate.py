@@ -289,6 +289,11 @@ def arrays_to_tensors(data: Any) -> Any:
             # np.ulonglong, which torch refuses by name: the same bytes as
             # np.uint64, the name a pickle gives back (see _canonical).
             leaf = leaf.view(np.uint64)
+        if not leaf.dtype.isnative or any(stride < 0 for stride in leaf.strides):
+            # Another byte order or a negative stride (a column of an
+            # ArrayDataset, a custom collate_fn's result), which torch cannot
+            # view: a native, contiguous copy.
+            leaf = np.array(leaf, dtype=leaf.dtype.newbyteorder("="), order="C")
         return torch.from_numpy(leaf)
 
     return _map_leaves(to_tensor, data)

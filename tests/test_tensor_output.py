@@ -101,6 +101,23 @@ def test_output_torch_forces_tensors_and_numpy_in_gives_numpy_out(num_workers):
     assert type(x) is np.ndarray and type(y) is np.ndarray
 
 
+@pytest.mark.parametrize("kwargs", [{}, {"num_workers": 2},
+                                    {"num_workers": 2, "worker_method": "thread"}])
+def test_output_torch_takes_arrays_torch_cannot_view(kwargs):
+    """Another byte order, a negative stride, np.ulonglong: output="torch"
+    gives a tensor of the same values (a copy where torch cannot view)."""
+    columns = (np.arange(6, dtype=">i8"), np.arange(12, dtype=np.float32).reshape(6, 2)[::-1],
+               np.arange(6, dtype=np.ulonglong))
+    for batch_size in (3, None):
+        expected = list(fl.DataLoader(fl.ArrayDataset(*columns), batch_size=batch_size))
+        got = list(fl.DataLoader(fl.ArrayDataset(*columns), batch_size=batch_size,
+                                 output="torch", **kwargs))
+        assert len(got) == len(expected)
+        for tensors, arrays in zip(got, expected):
+            assert all(type(t) is torch.Tensor for t in tensors)
+            assert [t.tolist() for t in tensors] == [a.tolist() for a in arrays]
+
+
 def test_tensor_batches_without_automatic_batching_stay_tensors():
     loader = fl.DataLoader(TensorSamples(), batch_size=None, num_workers=2)
     sample = next(iter(loader))
