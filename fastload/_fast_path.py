@@ -29,7 +29,9 @@ batch:
   (``ConcatDataset`` of ArrayDatasets, say) whose columns are all numeric:
   copied as they are, tensors staying tensors.
 - collate: any other samples go through ``collate_into``, which mirrors
-  ``default_collate`` for arrays, numbers, strings and containers.
+  ``default_collate`` for arrays, numbers, strings and containers (and
+  ``default_collate_torch_rules``, but for a leaf whose samples differ in
+  dtype, which it leaves to the general path).
 - in place: ``pad_collate`` and ``pack_collate`` run as they are (the same
   code as in the main process), only their output blocks are carved from
   the slot (``ragged.outputs_from``), so each sample's rows are copied once;
@@ -54,7 +56,7 @@ import numpy as np
 from fastload import ragged
 from fastload._fetch import DatasetFetcher, DatasetKind
 from fastload._gathered import GatheredBatch, GatheredTensors
-from fastload.collate import default_collate, is_stacked_column
+from fastload.collate import default_collate, default_collate_torch_rules, is_stacked_column
 from fastload.dataset import gathered_columns, is_plain_subset
 from fastload_c import pack
 from fastload_c.pack import SlotTooSmallError
@@ -88,7 +90,11 @@ class BatchWriter:
 
     def __init__(self, dataset: Any, kind: DatasetKind, auto_collation: bool,
                  collate_fn: Callable[[Any], Any]) -> None:
-        self._default_collation = auto_collation and collate_fn is default_collate
+        self._default_collation = auto_collation and collate_fn in (
+            default_collate, default_collate_torch_rules)
+        # Under torch's rules a leaf whose samples differ in dtype is the
+        # general path's to promote.
+        self._promote = collate_fn is default_collate
         self._in_place = auto_collation and ragged.writes_in_place(collate_fn)
         self._gather: tuple[tuple[Any, ...], np.ndarray | None] | None = None
         if self._default_collation and kind is DatasetKind.MAP:
@@ -147,7 +153,8 @@ class BatchWriter:
             everything = np.arange(len(samples))
             return (lambda t, o, c: pack.gather_into(columns, everything, t, o, c),
                     lambda: fetcher.collate(samples, index))
-        return (lambda t, o, c: pack.collate_into(samples, t, o, c),
+        promote = self._promote
+        return (lambda t, o, c: pack.collate_into(samples, t, o, c, promote=promote),
                 lambda: fetcher.collate(samples, index))
 
 

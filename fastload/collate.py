@@ -8,6 +8,7 @@ numpy call.
 """
 from __future__ import annotations
 
+import contextvars
 import copy
 import pickle
 from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, Sequence
@@ -19,7 +20,7 @@ from fastload._gathered import GatheredBatch
 from fastload._torch import is_tensor, torch_if_imported, torch_or_none
 from fastload.errors import CollateError
 
-__all__ = ["default_collate", "default_convert"]
+__all__ = ["default_collate", "default_collate_torch_rules", "default_convert"]
 
 _UNSUPPORTED = (
     "default_collate: batch must contain tensors, numpy arrays, numbers, "
@@ -50,6 +51,44 @@ def default_collate(batch: Sequence[Any]) -> Any:
             for column in batch.columns
         ]
     return _collate(batch)
+
+
+# Whether a leaf whose samples differ in dtype is promoted by torch's rules
+# (default_collate_torch_rules) rather than numpy's. A context variable: each
+# worker thread collates in its own context.
+_torch_rules: contextvars.ContextVar[bool] = contextvars.ContextVar("torch_rules",
+                                                                   default=False)
+
+
+def default_collate_torch_rules(batch: Sequence[Any]) -> Any:
+    """default_collate, except where the samples of a leaf differ in dtype
+    or number type: such a leaf is promoted as torch's default_collate
+    promotes it (an int beside a float gives torch's default float dtype,
+    int64 arrays beside float32 ones float32), or raises what torch's raises.
+    The batch is still numpy's; fastload.torch makes tensors of it."""
+    token = _torch_rules.set(True)
+    try:
+        return default_collate(batch)
+    finally:
+        _torch_rules.reset(token)
+
+
+def _promoted_as_torch(batch: Sequence[Any], make: Callable[[Any, Sequence[Any]], Any]
+                       ) -> np.ndarray:
+    """``make(torch, batch)``, torch's batch of a leaf whose samples differ
+    in dtype, as numpy."""
+    torch = torch_or_none()
+    if torch is None:
+        raise ImportError("default_collate_torch_rules needs PyTorch installed")
+    result: np.ndarray = make(torch, batch).numpy()
+    return result
+
+
+def _stack_as_torch(torch: Any, batch: Sequence[Any]) -> Any:
+    # Each array in native order first, as fastload's own batches are (torch
+    # refuses another byte order).
+    return torch.stack([torch.as_tensor(np.array(a, dtype=a.dtype.newbyteorder("="), order="C"))
+                        for a in batch])
 
 
 def is_stacked_column(column: Any) -> bool:
@@ -115,6 +154,8 @@ def _collate_arrays(batch: Sequence[Any], elem: np.ndarray) -> np.ndarray:
         raise _shape_error([np.shape(a) for a in batch])
     if out.dtype.kind in _REFUSED_KINDS:
         raise TypeError(_UNSUPPORTED.format(out.dtype))
+    if _torch_rules.get() and any(a.dtype != elem.dtype for a in batch):
+        return _promoted_as_torch(batch, _stack_as_torch)
     return _canonical(out)
 
 
@@ -132,6 +173,8 @@ def _collate_tensors(batch: Sequence[Any], elem: Any) -> Any:
 
 
 def _collate_numpy_scalars(batch: Sequence[Any], elem: Any) -> np.ndarray:
+    if _torch_rules.get() and any(type(x) is not type(elem) for x in batch):
+        return _promoted_as_torch(batch, lambda torch, b: torch.as_tensor(b))
     return _canonical(np.array(batch))
 
 
@@ -142,7 +185,11 @@ def _collate_floats(batch: Sequence[Any], elem: Any) -> np.ndarray:
 def _collate_ints(batch: Sequence[Any], elem: Any) -> np.ndarray:
     # Inferred rather than forced: ints give int64 (uint64 from 2**63 on),
     # bools give bool.
-    return _canonical(np.array(batch))
+    out = np.array(batch)
+    if _torch_rules.get() and out.dtype not in (np.int64, np.bool_):
+        # A float or a complex among them, or an int past int64.
+        return _promoted_as_torch(batch, lambda torch, b: torch.tensor(b))
+    return _canonical(out)
 
 
 def _keep(batch: Sequence[Any], elem: Any) -> Sequence[Any]:

@@ -77,8 +77,9 @@ __all__ = [
 
 def default_collate(batch: Any) -> Any:
     """torch's default_collate, computed by fastload's: tensors for every
-    numeric leaf, strings kept, containers as torch makes them."""
-    return _collate.arrays_to_tensors(_collate.default_collate(batch))
+    numeric leaf (promoted by torch's rules where samples differ in dtype),
+    strings kept, containers as torch makes them."""
+    return _collate.arrays_to_tensors(_collate.default_collate_torch_rules(batch))
 
 
 def default_convert(data: Any) -> Any:
@@ -87,9 +88,10 @@ def default_convert(data: Any) -> Any:
 
 
 # Collate functions that mean "the default" (of batching, and of single
-# samples): fastload's own then runs, with its C paths in workers, and the
-# batch's leaves become tensors. Any other collate_fn's result is left as it
-# made it, as torch leaves it.
+# samples): fastload's own then runs (default_collate_torch_rules for
+# batches), with its C paths in workers, and the batch's leaves become
+# tensors. Any other collate_fn's result is left as it made it, as torch
+# leaves it.
 _COLLATES = (default_collate, _torch_data.default_collate, _collate.default_collate)
 _CONVERTS = (default_convert, _torch_data.default_convert, _collate.default_convert)
 
@@ -144,10 +146,14 @@ class DataLoader(_torch_data.DataLoader[T_co]):
             samplers = {"sampler": self.sampler, "batch_size": None}
         # The default of this loader's kind is fastload's; the other default
         # (default_collate of single samples, say) runs as torch runs it.
-        its_default = _COLLATES if self._auto_collation else _CONVERTS
+        engine_collate: Any
+        if self._auto_collation:
+            engine_collate = (_collate.default_collate_torch_rules
+                              if self.collate_fn in _COLLATES else self.collate_fn)
+        else:
+            engine_collate = None if self.collate_fn in _CONVERTS else self.collate_fn
         self._fastload = _loader.DataLoader(
-            dataset, num_workers=num_workers,
-            collate_fn=None if self.collate_fn in its_default else self.collate_fn,
+            dataset, num_workers=num_workers, collate_fn=engine_collate,
             pin_memory=pin_memory, timeout=timeout, worker_init_fn=worker_init_fn,
             multiprocessing_context=multiprocessing_context,
             # Without a generator torch draws the base seed from its global

@@ -511,7 +511,8 @@ cdef str _type_name(type t):
     return "{}.{}".format(t.__module__, t.__qualname__)
 
 
-def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1):
+def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1, *,
+                 bint promote=True):
     """Collate ``samples`` into the slot ``target[offset:offset + capacity]``.
 
     The batch equals fastload's default_collate of the same samples (same
@@ -522,7 +523,10 @@ def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1):
     Returns the layout for unpack. Raises CollateError naming both
     samples when shapes or structures disagree, TypeError for unsupported
     leaves, SlotTooSmallError (nothing written) when the slot is too small.
-    ``capacity`` -1 means to the end of target.
+    ``capacity`` -1 means to the end of target. A leaf whose samples differ
+    in dtype (or in number type) gets numpy's promotion of them; with
+    ``promote`` False it raises TypeError instead (the caller's rule of
+    promotion is another, torch's say).
     """
     global _last_plan
     # Our own tuple: the walk borrows its items, and a user's __getitem__ or
@@ -543,6 +547,9 @@ def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1):
             raise RuntimeError("collate_into: sample 0 changed while it was collated")
     _last_plan = plan
     if w.mixed is not None:
+        if not promote:
+            raise TypeError("collate_into: the samples of a leaf differ in dtype, and "
+                            "promote=False leaves their promotion to the caller")
         plan = _make_plan(batch[0], n, _promoted(plan, w))
     t.check(plan.nbytes)
     _write_scalars(plan, w, t.base)

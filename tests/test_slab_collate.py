@@ -187,6 +187,20 @@ def test_samples_of_different_dtypes_promote_as_np_stack(seg, dtypes, scalars, s
     assert_same(collate(samples, seg), reference_collate(samples))
 
 
+@pytest.mark.parametrize("samples", [
+    [np.zeros(3, np.int64), np.zeros(3, np.float32)],
+    [(1, "a"), (2.5, "b")],
+    [{"x": np.uint8(1)}, {"x": np.int8(2)}],
+])
+def test_without_promotion_samples_that_differ_in_dtype_are_refused(seg, samples):
+    """promote=False: the caller promotes by another rule (torch's)."""
+    with pytest.raises(TypeError, match="differ in dtype"):
+        collate_into(samples, seg, promote=False)
+    assert_same(collate(samples, seg), reference_collate(samples))
+    same = [samples[0]] * 2
+    assert_same(unpack(seg, collate_into(same, seg, promote=False)), reference_collate(same))
+
+
 def test_samples_viewing_one_array_and_mixed_contiguity(seg):
     base = np.arange(40, dtype=np.float32).reshape(10, 4)
     samples = [base[i] for i in range(10)] + [base[::-1][2], base.T[1, :4].copy()]

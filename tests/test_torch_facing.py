@@ -232,6 +232,68 @@ def test_default_collate_and_convert_are_torchs():
     assert type(converted["x"]) is torch.Tensor and converted["label"] == 0
 
 
+MIXED_LEAVES = {
+    "int then float": lambda i: i if i % 2 == 0 else i + 0.5,
+    "bool then int": lambda i: bool(i % 2) if i % 2 == 0 else i,
+    "int then complex": lambda i: i if i % 2 == 0 else complex(i, 1),
+    "np.int64 then np.float32": lambda i: np.int64(i) if i % 2 == 0 else np.float32(i),
+    "np.uint8 then np.int8": lambda i: np.uint8(i) if i % 2 == 0 else np.int8(-i),
+    "int64 then float32 arrays": lambda i: np.arange(2) + i if i % 2 == 0
+    else np.ones(2, np.float32),
+    "float16 then int32 arrays": lambda i: np.ones(2, np.float16) if i % 2 == 0
+    else np.arange(2, dtype=np.int32),
+    "uint16 then uint8 arrays": lambda i: np.ones(2, np.uint16) if i % 2 == 0
+    else np.ones(2, np.uint8),
+    "past int64": lambda i: 2**63 + i,
+}
+
+
+class Mixed(td.Dataset):
+    """Samples whose leaf differs in type or dtype from one to the next."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return {"value": self.make(i), "same": np.float32(i)}
+
+
+def _batches_or_error(loader):
+    try:
+        return [(str(b["value"].dtype), b["value"].tolist(), b["same"].dtype) for b in loader]
+    except Exception as error:  # noqa: BLE001 - torch's error is the expected outcome
+        return type(error).__name__
+
+
+LOADERS = {
+    "0 workers": lambda dataset: flt.DataLoader(dataset, batch_size=3),
+    "processes": lambda dataset: flt.DataLoader(dataset, batch_size=3, num_workers=2),
+    # fastload.torch's engine with thread workers (torch 2.13 has no worker_method).
+    "threads": lambda dataset: fl.DataLoader(
+        dataset, batch_size=3, num_workers=2, worker_method="thread", output="torch",
+        collate_fn=fl.collate.default_collate_torch_rules),
+}
+
+
+@pytest.mark.parametrize("loader", LOADERS.values(), ids=LOADERS)
+@pytest.mark.parametrize("make", MIXED_LEAVES.values(), ids=MIXED_LEAVES)
+def test_samples_that_differ_in_dtype_are_promoted_as_torch_promotes(make, loader):
+    """torch's promotion, or torch's error, whatever loads the batch: the
+    C collation leaves such leaves to the general path's torch rules."""
+    expected = _batches_or_error(td.DataLoader(Mixed(make), batch_size=3))
+    assert _batches_or_error(loader(Mixed(make))) == expected
+    samples = [Mixed(make)[i] for i in range(3)]
+    try:
+        assert flt.default_collate(samples)["value"].dtype == td.default_collate(
+            samples)["value"].dtype
+    except (RuntimeError, TypeError, ValueError) as error:
+        with pytest.raises(type(error)):
+            td.default_collate(samples)
+
+
 def recreate_with(loader, sampler):
     """What Lightning does to inject a sampler: every __init__ argument read
     back from the loader's attributes, then the sampler swapped in."""
