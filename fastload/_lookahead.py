@@ -40,7 +40,12 @@ from typing import Any
 
 import numpy as np
 
-from fastload._torch import torch_data_classes, torch_if_imported
+from fastload._torch import (
+    generator_state,
+    set_generator_state,
+    torch_data_classes,
+    torch_if_imported,
+)
 from fastload._torch_draws import TORCH_RANDOM_SAMPLERS
 from fastload.distributed import DistributedSampler
 from fastload.sampler import (
@@ -111,7 +116,7 @@ def _clone_generator(rng: Any) -> Any:
     torch = torch_if_imported()
     assert torch is not None  # a torch.Generator exists only once torch is loaded
     clone = torch.Generator(device=rng.device)
-    clone.set_state(rng.get_state())
+    clone.set_state(generator_state(rng))  # the clone is not shared yet
     return clone
 
 
@@ -121,13 +126,13 @@ def _global_rngs_kept() -> Iterator[None]:
     without a generator draw their epoch's seed from them."""
     numpy_state = np.random.get_state()
     torch = torch_if_imported()
-    torch_state = torch.random.get_rng_state() if torch is not None else None
+    torch_state = generator_state(torch.default_generator) if torch is not None else None
     try:
         yield
     finally:
         np.random.set_state(numpy_state)
         if torch is not None:
-            torch.random.set_rng_state(torch_state)
+            set_generator_state(torch.default_generator, torch_state)
 
 
 class LookaheadTasks:

@@ -30,7 +30,9 @@ from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
+from fastload._torch import generator_state as torch_generator_state
 from fastload._torch import is_torch_generator
+from fastload._torch import set_generator_state as set_torch_generator_state
 
 if TYPE_CHECKING:
     import torch
@@ -96,7 +98,7 @@ def generator_state(rng: Rng) -> Any:
         return None
     if isinstance(rng, np.random.Generator):
         return rng.bit_generator.state
-    return rng.get_state().tolist()
+    return torch_generator_state(rng).tolist()
 
 
 def set_generator_state(rng: Rng, state: Any) -> None:
@@ -107,7 +109,7 @@ def set_generator_state(rng: Rng, state: Any) -> None:
         return
     import torch  # a torch.Generator: torch is loaded
     # A list from generator_state, or the tensor earlier states held.
-    rng.set_state(torch.as_tensor(state, dtype=torch.uint8))
+    set_torch_generator_state(rng, torch.as_tensor(state, dtype=torch.uint8))
 
 
 def permutation(rng: Rng, n: int) -> np.ndarray:

@@ -107,6 +107,7 @@ from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, STARTED
 from fastload._sample_rng import context as sample_context
 from fastload._stats import WorkerStats
 from fastload._task_table import STREAM_ENDED, Task, TaskTable
+from fastload._torch import generator_state
 from fastload._warnings import warn_at_caller
 from fastload._worker_error import WorkerError
 from fastload._worker_info import WorkerInfo, set_thread_worker_info, worker_rng
@@ -144,7 +145,8 @@ def _global_rng_states() -> tuple[Any, ...]:
     torch = sys.modules.get("torch")
     numpy_state = np.random.get_state(legacy=False)["state"]
     return (random.getstate(), numpy_state["key"].tobytes(), numpy_state["pos"],
-            None if torch is None else torch.random.get_rng_state().numpy().tobytes())
+            None if torch is None
+            else generator_state(torch.default_generator).numpy().tobytes())
 
 
 class _Config:

@@ -12,6 +12,7 @@ Two questions are asked of torch, and they cost very different amounts:
 from __future__ import annotations
 
 import sys
+import threading
 from types import ModuleType
 from typing import Any
 
@@ -35,6 +36,30 @@ def torch_or_none() -> ModuleType | None:
 def torch_if_imported() -> ModuleType | None:
     """torch if this process has already imported it, else None (no import)."""
     return sys.modules.get("torch")
+
+
+# NOTE [ Generator states and threads ]
+# torch reads and sets a generator's state holding the generator's mutex and
+# the GIL. Making the state's tensor may run a garbage collection that lets
+# the GIL go; another thread reading or setting a state then waits for the
+# mutex with the GIL held, and neither goes on (two worker threads did this,
+# each reading torch's global state). fastload takes this lock around every
+# read and set of a torch generator's state, so that its own never overlap.
+_generator_state_lock = threading.Lock()
+
+
+def generator_state(generator: Any) -> Any:
+    """``generator.get_state()`` of a torch.Generator (NOTE [ Generator
+    states and threads ])."""
+    with _generator_state_lock:
+        return generator.get_state()
+
+
+def set_generator_state(generator: Any, state: Any) -> None:
+    """``generator.set_state(state)`` of a torch.Generator (NOTE [ Generator
+    states and threads ])."""
+    with _generator_state_lock:
+        generator.set_state(state)
 
 
 def is_tensor(obj: Any) -> bool:

@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-from fastload._torch import torch_data_classes
+from fastload._torch import generator_state, set_generator_state, torch_data_classes
 from fastload.sampler import BatchSampler
 
 # torch's random samplers, by name (their classes exist once torch is loaded).
@@ -63,13 +63,13 @@ class ResumableDraw:
         caller = None
         if resume is not None and resume[0] is not None:
             start = torch.as_tensor(resume[0], dtype=torch.uint8)
-            caller = generator.get_state()
+            caller = generator_state(generator)
             if torch.equal(caller, start):
                 # Already there (the loader's state put torch's global
                 # generator there): the draw moves it on, as it did.
                 caller = None
-            generator.set_state(start)
-        self._start, self._drawn, self._pending = generator.get_state().tolist(), 0, False
+            set_generator_state(generator, start)
+        self._start, self._drawn, self._pending = generator_state(generator).tolist(), 0, False
         draws = iter(self.draws)
         try:
             head = [next(draws)]  # where torch's samplers draw their order
@@ -77,7 +77,7 @@ class ResumableDraw:
             head = []
         finally:
             if caller is not None:
-                generator.set_state(caller)
+                set_generator_state(generator, caller)
         for item in itertools.chain(head, draws):
             self._drawn += 1
             if resume is None or self._drawn > resume[1]:
@@ -96,7 +96,7 @@ class ResumableDraw:
     def state_dict(self) -> dict[str, Any]:
         if self._start is not None:
             return {"generator": self._start, "drawn": self._drawn}
-        pending = self._generator().get_state().tolist() if self._pending else None
+        pending = generator_state(self._generator()).tolist() if self._pending else None
         return {"generator": pending, "drawn": 0}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

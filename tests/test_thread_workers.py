@@ -515,3 +515,43 @@ def test_a_batch_larger_than_its_slot_is_delivered_and_later_slots_hold_it():
     # The first batch went to private memory, a later one to a grown slot.
     assert not isinstance(_base_lease(batches[0][0]), Lease)
     assert isinstance(_base_lease(batches[-1][0]), Lease)
+
+
+@pytest.mark.skipif(torch is None, reason="the deadlock is in torch's generator state")
+def test_worker_threads_reading_torchs_generator_state_never_deadlock():
+    """Each worker thread reads torch's global generator state around its
+    first batch; two such reads at once deadlocked in torch when a garbage
+    collection ran inside one (NOTE [ Generator states and threads ] in
+    fastload/_torch.py). Run in a subprocess: a deadlock holds the GIL."""
+    script = textwrap.dedent("""
+        import gc, sys, time, warnings
+        sys.path.insert(0, sys.argv[1])
+        warnings.simplefilter("ignore")
+        import numpy as np, torch
+        import fastload as fl
+
+        gc.set_threshold(1, 1, 1)  # a collection at nearly every allocation
+
+        class Cycles(fl.Dataset):
+            def __len__(self):
+                return 32
+            def __getitem__(self, i):
+                garbage = [torch.zeros(1)]
+                garbage.append(garbage)
+                return np.full(2, i)
+
+        loader = fl.DataLoader(Cycles(), batch_size=2, num_workers=16, worker_method="thread")
+        stop, epochs = time.monotonic() + 4, 0
+        while time.monotonic() < stop:
+            assert sum(len(batch) for batch in loader) == 32
+            epochs += 1
+        print("epochs", epochs)
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        done = subprocess.run([sys.executable, "-c", script, root], capture_output=True,
+                              text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("worker threads deadlocked reading torch's generator state")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("epochs")
