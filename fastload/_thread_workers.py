@@ -514,29 +514,18 @@ class ThreadIter(WorkerIter):
 
     def _handle(self, message: tuple[Any, ...]) -> None:
         kind, task_id = message[0], message[1]
-        if kind == FAILED and task_id == INIT_TASK:
-            # worker_init_fn or the thread's set-up failed: the epoch cannot go on.
-            self._stop()
-            message[2].reraise(os.getpid())
-        if kind == STARTED:
-            if message[3] == self._resets:  # else an answer to an earlier RESET
-                self._started += 1
-                _checkpoint.record_replica_start(self._progress.workers, message[2], message[4])
-            return
-        if kind == GLOBAL_RNG_USED:
-            if not self._warned_global_rng:
-                self._warned_global_rng = True
-                warn_at_caller(GLOBAL_RNG_WARNING)
+        if kind != DONE and self._handled_outside_tasks(message):
             return
         table = self._table
         task = table.in_flight.get(task_id)
         if task is None:
             return  # a task of an epoch left before its end (see _reset)
-        if kind == DONE:
+        if kind == DONE:  # every batch's answer
             self._stats.workers[task.worker_id].add(message[3], message[4])
             task.has_dataset_state, task.dataset_state = message[5], message[6]
             task.dataset_ended = message[7]
-            self._slot_bytes = max(self._slot_bytes, message[8])
+            if message[8] > self._slot_bytes:
+                self._slot_bytes = message[8]
             table.finish(task_id, message[2])
         elif kind == ENDED:
             task.dataset_state = message[2]
@@ -545,3 +534,23 @@ class ThreadIter(WorkerIter):
             self._dispatch()
         else:
             table.finish(task_id, message[2])
+
+    def _handled_outside_tasks(self, message: tuple[Any, ...]) -> bool:
+        """Handle a message about no task (a set-up failure, STARTED, the
+        global RNGs' use); whether it was one."""
+        kind = message[0]
+        if kind == FAILED and message[1] == INIT_TASK:
+            # worker_init_fn or the thread's set-up failed: the epoch cannot go on.
+            self._stop()
+            message[2].reraise(os.getpid())
+        if kind == STARTED:
+            if message[3] == self._resets:  # else an answer to an earlier RESET
+                self._started += 1
+                _checkpoint.record_replica_start(self._progress.workers, message[2], message[4])
+            return True
+        if kind == GLOBAL_RNG_USED:
+            if not self._warned_global_rng:
+                self._warned_global_rng = True
+                warn_at_caller(GLOBAL_RNG_WARNING)
+            return True
+        return False
