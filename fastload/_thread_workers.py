@@ -440,10 +440,11 @@ class ThreadIter(WorkerIter):
         if drawn is None:
             return
         index, position, snapshot = drawn
-        worker_id = self._round_robin.next_worker(self._table)
-        task_id = self._table.add(Task(worker_id, index, None, position, snapshot))
-        self._table.order.append(task_id)
-        slot = None if self._slots is None else self._slots.acquire(self._slot_bytes)
+        table, slots = self._table, self._slots
+        worker_id = self._round_robin.next_worker(table)
+        task_id = table.add(Task(worker_id, index, None, position, snapshot))
+        table.order.append(task_id)
+        slot = None if slots is None else slots.acquire(self._slot_bytes)
         self._workers[worker_id].tasks.put((TASK, task_id, index, self._progress.epoch, slot))
 
     def _next_data(self) -> Any:

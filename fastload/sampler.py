@@ -378,9 +378,12 @@ class BatchSampler(Sampler[list[int]]):
         yield from self._grouped(iter(sampler))
 
     def _sequential_batches(self, size: int) -> Iterator[list[int]]:
-        stop = size - size % self.batch_size if self.drop_last else size
-        for start in range(0, stop, self.batch_size):
-            yield list(range(start, min(start + self.batch_size, stop)))
+        batch_size = self.batch_size
+        full = size - size % batch_size
+        for start in range(0, full, batch_size):
+            yield list(range(start, start + batch_size))
+        if full < size and not self.drop_last:
+            yield list(range(full, size))
 
     def _grouped(self, indices: Iterator[int]) -> Iterator[list[int]]:
         if self.drop_last:
