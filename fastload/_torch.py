@@ -11,8 +11,11 @@ Two questions are asked of torch, and they cost very different amounts:
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import sys
 import threading
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -43,22 +46,38 @@ def torch_if_imported() -> ModuleType | None:
 # the GIL. Making the state's tensor may run a garbage collection that lets
 # the GIL go; another thread reading or setting a state then waits for the
 # mutex with the GIL held, and neither goes on (two worker threads did this,
-# each reading torch's global state). fastload takes this lock around every
-# read and set of a torch generator's state, so that its own never overlap.
+# each reading torch's global state). So fastload reads and sets a torch
+# generator's state with garbage collection off, which keeps the GIL for the
+# whole call (no other thread can then be waiting for that mutex with the
+# GIL), and under one lock, which keeps the switching of collection off and
+# on to one of its own calls at a time.
 _generator_state_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _holding_the_gil() -> Iterator[None]:
+    """No garbage collection, so no other thread runs, inside (see NOTE above)."""
+    with _generator_state_lock:
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            yield
+        finally:
+            if collecting:
+                gc.enable()
 
 
 def generator_state(generator: Any) -> Any:
     """``generator.get_state()`` of a torch.Generator (NOTE [ Generator
     states and threads ])."""
-    with _generator_state_lock:
+    with _holding_the_gil():
         return generator.get_state()
 
 
 def set_generator_state(generator: Any, state: Any) -> None:
     """``generator.set_state(state)`` of a torch.Generator (NOTE [ Generator
     states and threads ])."""
-    with _generator_state_lock:
+    with _holding_the_gil():
         generator.set_state(state)
 
 

@@ -555,3 +555,48 @@ def test_worker_threads_reading_torchs_generator_state_never_deadlock():
         pytest.fail("worker threads deadlocked reading torch's generator state")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("epochs")
+
+
+@pytest.mark.skipif(torch is None, reason="the deadlock is in torch's generator state")
+def test_fastloads_generator_state_reads_never_deadlock_with_the_users_own():
+    """A user's thread setting torch's global state (it takes the mutex with
+    the GIL held) beside fastload's reads: these keep the GIL throughout."""
+    script = textwrap.dedent("""
+        import gc, sys, threading, time
+        sys.path.insert(0, sys.argv[1])
+        import torch
+        from fastload._torch import generator_state
+
+        gc.set_threshold(1, 1, 1)
+        saved = torch.random.get_rng_state()
+        stop = time.monotonic() + 3
+
+        def garbage():
+            cycle = [torch.zeros(1)]
+            cycle.append(cycle)
+
+        def fastloads():
+            while time.monotonic() < stop:
+                garbage()
+                generator_state(torch.default_generator)
+
+        def users():
+            while time.monotonic() < stop:
+                garbage()
+                torch.random.set_rng_state(saved)
+
+        threads = [threading.Thread(target=fastloads), threading.Thread(target=users)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        print("done")
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        done = subprocess.run([sys.executable, "-c", script, root], capture_output=True,
+                              text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("fastload's read of torch's generator state deadlocked with the user's")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "done"
