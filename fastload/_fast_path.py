@@ -31,7 +31,8 @@ batch:
 - collate: any other samples go through ``collate_into``, which mirrors
   ``default_collate`` for arrays, numbers, strings and containers (and
   ``default_collate_torch_rules``, but for a leaf whose samples differ in
-  dtype, which it leaves to the general path).
+  dtype or whose dtype is no number's, which it leaves to the general
+  path).
 - in place: ``pad_collate`` and ``pack_collate`` run as they are (the same
   code as in the main process), only their output blocks are carved from
   the slot (``ragged.outputs_from``), so each sample's rows are copied once;
@@ -92,9 +93,9 @@ class BatchWriter:
                  collate_fn: Callable[[Any], Any]) -> None:
         self._default_collation = auto_collation and collate_fn in (
             default_collate, default_collate_torch_rules)
-        # Under torch's rules a leaf whose samples differ in dtype is the
-        # general path's to promote.
-        self._promote = collate_fn is default_collate
+        # Under torch's rules a leaf whose samples differ in dtype, or of no
+        # number's dtype, is the general path's (default_collate_torch_rules).
+        self._numpy_rules = collate_fn is default_collate
         self._in_place = auto_collation and ragged.writes_in_place(collate_fn)
         self._gather: tuple[tuple[Any, ...], np.ndarray | None] | None = None
         if self._default_collation and kind is DatasetKind.MAP:
@@ -153,8 +154,8 @@ class BatchWriter:
             everything = np.arange(len(samples))
             return (lambda t, o, c: pack.gather_into(columns, everything, t, o, c),
                     lambda: fetcher.collate(samples, index))
-        promote = self._promote
-        return (lambda t, o, c: pack.collate_into(samples, t, o, c, promote=promote),
+        numpy_rules = self._numpy_rules
+        return (lambda t, o, c: pack.collate_into(samples, t, o, c, numpy_rules=numpy_rules),
                 lambda: fetcher.collate(samples, index))
 
 

@@ -30,6 +30,9 @@ _UNSUPPORTED = (
 # them too); numeric kinds pass straight through a GatheredBatch.
 _REFUSED_KINDS = frozenset("SUO")
 _NUMERIC_KINDS = frozenset("biufc")
+# Datetimes, timedeltas and structured arrays: torch's default_collate
+# refuses them (TypeError), numpy's rules stack them.
+_NOT_TORCH_KINDS = frozenset("mMV")
 
 Handler = Callable[[Sequence[Any], Any], Any]
 
@@ -64,8 +67,10 @@ def default_collate_torch_rules(batch: Sequence[Any]) -> Any:
     """default_collate, except where the samples of a leaf differ in dtype
     or number type: such a leaf is promoted as torch's default_collate
     promotes it (an int beside a float gives torch's default float dtype,
-    int64 arrays beside float32 ones float32), or raises what torch's raises.
-    The batch is still numpy's; fastload.torch makes tensors of it."""
+    int64 arrays beside float32 ones float32), or raises what torch's raises;
+    and arrays of datetimes, timedeltas and structured dtypes raise
+    TypeError, as torch's do. The batch is still numpy's; fastload.torch
+    makes tensors of it."""
     token = _torch_rules.set(True)
     try:
         return default_collate(batch)
@@ -154,7 +159,8 @@ def _collate_arrays(batch: Sequence[Any], elem: np.ndarray) -> np.ndarray:
         raise _shape_error([np.shape(a) for a in batch])
     if out.dtype.kind in _REFUSED_KINDS:
         raise TypeError(_UNSUPPORTED.format(out.dtype))
-    if _torch_rules.get() and any(a.dtype != elem.dtype for a in batch):
+    if _torch_rules.get() and (elem.dtype.kind in _NOT_TORCH_KINDS
+                               or any(a.dtype != elem.dtype for a in batch)):
         return _promoted_as_torch(batch, _stack_as_torch)
     return _canonical(out)
 

@@ -512,7 +512,7 @@ cdef str _type_name(type t):
 
 
 def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1, *,
-                 bint promote=True):
+                 bint numpy_rules=True):
     """Collate ``samples`` into the slot ``target[offset:offset + capacity]``.
 
     The batch equals fastload's default_collate of the same samples (same
@@ -524,9 +524,11 @@ def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1, *
     samples when shapes or structures disagree, TypeError for unsupported
     leaves, SlotTooSmallError (nothing written) when the slot is too small.
     ``capacity`` -1 means to the end of target. A leaf whose samples differ
-    in dtype (or in number type) gets numpy's promotion of them; with
-    ``promote`` False it raises TypeError instead (the caller's rule of
-    promotion is another, torch's say).
+    in dtype (or in number type) gets numpy's promotion of them, and arrays
+    of datetimes, timedeltas and structured dtypes are stacked as numpy
+    stacks them. With ``numpy_rules`` False both raise TypeError instead:
+    the caller's rules for them are others (torch's default_collate
+    promotes by torch's rules and refuses those dtypes).
     """
     global _last_plan
     # Our own tuple: the walk borrows its items, and a user's __getitem__ or
@@ -546,10 +548,9 @@ def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1, *
         if _walk(plan, batch, w) == STALE:
             raise RuntimeError("collate_into: sample 0 changed while it was collated")
     _last_plan = plan
+    if not numpy_rules:
+        _refuse_what_numpy_rules_decide(plan, w)
     if w.mixed is not None:
-        if not promote:
-            raise TypeError("collate_into: the samples of a leaf differ in dtype, and "
-                            "promote=False leaves their promotion to the caller")
         plan = _make_plan(batch[0], n, _promoted(plan, w))
     t.check(plan.nbytes)
     _write_scalars(plan, w, t.base)
@@ -561,6 +562,20 @@ def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1, *
     # of a sequence (collation transposes those with zip), else a list.
     values = [tuple(v) if as_tuple else v for v, as_tuple in zip(w.values, plan.value_tuples)]
     return _dumps(("tree+values", plan.layout, values))
+
+
+cdef int _refuse_what_numpy_rules_decide(_Plan plan, _Walk w) except -1:
+    """collate_into with numpy_rules False: TypeError for a leaf whose
+    samples differ in dtype, or whose dtype is no number's."""
+    cdef _Node node
+    if w.mixed is not None:
+        raise TypeError("collate_into: the samples of a leaf differ in dtype, which "
+                        "numpy_rules=False leaves to the caller")
+    for node in plan.leaves:
+        if (node.kind == K_ARRAY or node.kind == K_NPSCALAR) and node.src.kind in "mMV":
+            raise TypeError("collate_into: {} is not a number's dtype, which "
+                            "numpy_rules=False leaves to the caller".format(node.src))
+    return 0
 
 
 cdef dict _promoted(_Plan plan, _Walk w):

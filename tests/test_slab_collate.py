@@ -192,13 +192,24 @@ def test_samples_of_different_dtypes_promote_as_np_stack(seg, dtypes, scalars, s
     [(1, "a"), (2.5, "b")],
     [{"x": np.uint8(1)}, {"x": np.int8(2)}],
 ])
-def test_without_promotion_samples_that_differ_in_dtype_are_refused(seg, samples):
-    """promote=False: the caller promotes by another rule (torch's)."""
+def test_without_numpy_rules_samples_that_differ_in_dtype_are_refused(seg, samples):
+    """numpy_rules=False: the caller promotes by another rule (torch's)."""
     with pytest.raises(TypeError, match="differ in dtype"):
-        collate_into(samples, seg, promote=False)
+        collate_into(samples, seg, numpy_rules=False)
     assert_same(collate(samples, seg), reference_collate(samples))
     same = [samples[0]] * 2
-    assert_same(unpack(seg, collate_into(same, seg, promote=False)), reference_collate(same))
+    assert_same(unpack(seg, collate_into(same, seg, numpy_rules=False)),
+                reference_collate(same))
+
+
+@pytest.mark.parametrize("leaf", [
+    np.arange(2).astype("datetime64[s]"), np.arange(2).astype("timedelta64[ms]"),
+    np.zeros(2, dtype=[("a", "i1"), ("b", "f8")])])
+def test_without_numpy_rules_arrays_of_no_number_dtype_are_refused(seg, leaf):
+    samples = [(leaf, 1), (leaf, 2)]
+    with pytest.raises(TypeError, match="not a number's dtype"):
+        collate_into(samples, seg, numpy_rules=False)
+    assert_same(collate(samples, seg), reference_collate(samples))
 
 
 def test_samples_viewing_one_array_and_mixed_contiguity(seg):

@@ -245,11 +245,15 @@ MIXED_LEAVES = {
     "uint16 then uint8 arrays": lambda i: np.ones(2, np.uint16) if i % 2 == 0
     else np.ones(2, np.uint8),
     "past int64": lambda i: 2**63 + i,
+    # torch refuses these dtypes (TypeError) whatever the samples.
+    "datetime64 arrays": lambda i: np.arange(2).astype("datetime64[s]") + i,
+    "structured arrays": lambda i: np.zeros(2, dtype=[("a", "i1"), ("b", "f8")]),
 }
 
 
 class Mixed(td.Dataset):
-    """Samples whose leaf differs in type or dtype from one to the next."""
+    """Samples whose leaf differs in type or dtype from one to the next, or
+    has a dtype torch refuses."""
 
     def __init__(self, make):
         self.make = make
