@@ -50,7 +50,11 @@ def torch_if_imported() -> ModuleType | None:
 # generator's state with garbage collection off, which keeps the GIL for the
 # whole call (no other thread can then be waiting for that mutex with the
 # GIL), and under one lock, which keeps the switching of collection off and
-# on to one of its own calls at a time.
+# on to one of its own calls at a time. What this cannot prevent: another
+# thread's own read collecting garbage while it holds the mutex (two threads
+# of a program reading torch's state deadlock so without fastload too), and
+# a gc.disable() by another thread during the call, which the call's end
+# undoes.
 _generator_state_lock = threading.Lock()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import copy
+import operator
 import pickle
 from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, Sequence
 from typing import Any
@@ -50,7 +51,7 @@ def default_collate(batch: Sequence[Any]) -> Any:
     """
     if isinstance(batch, GatheredBatch):
         return [
-            column if is_stacked_column(column) else _collate(list(column))
+            _named_as_pickled(column) if is_stacked_column(column) else _collate(list(column))
             for column in batch.columns
         ]
     return _collate(batch)
@@ -91,9 +92,34 @@ def _promoted_as_torch(batch: Sequence[Any], make: Callable[[Any, Sequence[Any]]
 
 def _stack_as_torch(torch: Any, batch: Sequence[Any]) -> Any:
     # Each array in native order first, as fastload's own batches are (torch
-    # refuses another byte order).
-    return torch.stack([torch.as_tensor(np.array(a, dtype=a.dtype.newbyteorder("="), order="C"))
-                        for a in batch])
+    # refuses another byte order); any other sample as torch takes it.
+    return torch.stack([
+        torch.as_tensor(np.array(a, dtype=a.dtype.newbyteorder("="), order="C")
+                        if isinstance(a, np.ndarray) else a)
+        for a in batch])
+
+
+def _torch_makes_it_otherwise(batch: Sequence[Any], elem: np.ndarray) -> bool:
+    """Whether torch's default_collate makes this leaf of arrays otherwise
+    than numpy's rules do: a dtype torch refuses, samples of other classes
+    or of other dtypes (torch's promotion, or its refusal to promote uint16
+    to uint64 beside other ints). Exact, at C speed: two sets."""
+    if elem.dtype.kind in _NOT_TORCH_KINDS or len(set(map(type, batch))) > 1:
+        return True
+    return len(set(map(_dtype_of, batch))) > 1
+
+
+_dtype_of = operator.attrgetter("dtype")
+
+
+def _named_as_pickled(column: Any) -> Any:
+    """A gathered column whose dtype is np.longlong's or np.ulonglong's,
+    viewed under the name a pickle gives back, as workers give it (np.int64's,
+    np.uint64's; byte order kept, as the C gather keeps it)."""
+    if isinstance(column, np.ndarray) and column.dtype.char in "qQ":
+        return column.view(np.dtype(np.int64 if column.dtype.char == "q" else np.uint64)
+                           .newbyteorder(column.dtype.byteorder))
+    return column
 
 
 def is_stacked_column(column: Any) -> bool:
@@ -128,6 +154,23 @@ def _shape_error(shapes: list[tuple[int, ...]]) -> CollateError:
 _canonical_dtypes: dict[np.dtype[Any], np.dtype[Any]] = {}
 
 
+def _canonical_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """numpy's promotion of ``dtype`` alone, under the name a pickle gives
+    back (see _canonical)."""
+    if dtype.fields is not None:
+        # Struct dtypes equal under == may promote apart (an aligned one keeps
+        # its padding): not cached, where one could answer for the other.
+        promoted: np.dtype[Any] = pickle.loads(pickle.dumps(np.result_type(dtype)))
+        return promoted
+    canonical = _canonical_dtypes.get(dtype)
+    if canonical is None:
+        canonical = pickle.loads(pickle.dumps(np.result_type(dtype)))
+        if len(_canonical_dtypes) >= _MAX_CACHED_TYPES:
+            _canonical_dtypes.clear()
+        _canonical_dtypes[dtype] = canonical
+    return canonical
+
+
 def _canonical(out: np.ndarray) -> np.ndarray:
     """``out`` in the dtype a batch has however it was collated: numpy's
     promotion of the samples' dtypes (native byte order, packed fields), as
@@ -135,12 +178,7 @@ def _canonical(out: np.ndarray) -> np.ndarray:
     name a pickle gives back (np.ulonglong's arrays come back as
     np.uint64's): the dtype of the C collation and of worker processes."""
     dtype = out.dtype
-    canonical = _canonical_dtypes.get(dtype)
-    if canonical is None:
-        canonical = pickle.loads(pickle.dumps(np.result_type(dtype)))
-        if len(_canonical_dtypes) >= _MAX_CACHED_TYPES:
-            _canonical_dtypes.clear()
-        _canonical_dtypes[dtype] = canonical
+    canonical = _canonical_dtype(dtype)
     if canonical is dtype or (canonical.char == dtype.char and canonical == dtype):
         return out
     # Equal dtypes under two names ('Q' and 'L') share bytes: a view.
@@ -159,8 +197,7 @@ def _collate_arrays(batch: Sequence[Any], elem: np.ndarray) -> np.ndarray:
         raise _shape_error([np.shape(a) for a in batch])
     if out.dtype.kind in _REFUSED_KINDS:
         raise TypeError(_UNSUPPORTED.format(out.dtype))
-    if _torch_rules.get() and (elem.dtype.kind in _NOT_TORCH_KINDS
-                               or any(a.dtype != elem.dtype for a in batch)):
+    if _torch_rules.get() and _torch_makes_it_otherwise(batch, elem):
         return _promoted_as_torch(batch, _stack_as_torch)
     return _canonical(out)
 
@@ -179,7 +216,7 @@ def _collate_tensors(batch: Sequence[Any], elem: Any) -> Any:
 
 
 def _collate_numpy_scalars(batch: Sequence[Any], elem: Any) -> np.ndarray:
-    if _torch_rules.get() and any(type(x) is not type(elem) for x in batch):
+    if _torch_rules.get() and len(set(map(type, batch))) > 1:
         return _promoted_as_torch(batch, lambda torch, b: torch.as_tensor(b))
     return _canonical(np.array(batch))
 
@@ -338,15 +375,15 @@ def arrays_to_tensors(data: Any) -> Any:
             leaf = np.asarray(leaf)
         elif not isinstance(leaf, np.ndarray) or leaf.dtype.kind not in _NUMERIC_KINDS:
             return leaf
-        if leaf.dtype.char == "Q":
-            # np.ulonglong, which torch refuses by name: the same bytes as
-            # np.uint64, the name a pickle gives back (see _canonical).
-            leaf = leaf.view(np.uint64)
         if not leaf.dtype.isnative or any(stride < 0 for stride in leaf.strides):
             # Another byte order or a negative stride (a column of an
             # ArrayDataset, a custom collate_fn's result), which torch cannot
             # view: a native, contiguous copy.
             leaf = np.array(leaf, dtype=leaf.dtype.newbyteorder("="), order="C")
+        if leaf.dtype.char == "Q":
+            # np.ulonglong, which torch refuses by name: the same bytes as
+            # np.uint64, the name a pickle gives back (see _canonical).
+            leaf = leaf.view(np.uint64)
         return torch.from_numpy(leaf)
 
     return _map_leaves(to_tensor, data)

@@ -321,3 +321,17 @@ def test_types_made_on_the_fly_do_not_grow_the_dispatch_cache():
         Row = collections.namedtuple(f"Row{i}", "v")
         assert default_collate([Row(i), Row(i + 1)]).v.tolist() == [i, i + 1]
     assert len(collate._handlers) <= collate._BUILTIN_TYPES + collate._MAX_CACHED_TYPES
+
+
+def test_struct_dtypes_equal_under_eq_keep_their_own_promotion():
+    """An aligned struct and one with the same explicit offsets compare
+    equal but promote apart; which was collated first changes nothing."""
+    aligned = np.dtype([("a", "u1"), ("b", "<i4")], align=True)
+    offsets = np.dtype({"names": ["a", "b"], "formats": ["u1", "<i4"], "offsets": [0, 4],
+                        "itemsize": 8})
+    assert aligned == offsets
+    # (a dict keyed by them would hold one of the two)
+    for order in ((aligned, offsets), (offsets, aligned)):
+        for dtype in order:
+            batch = default_collate([np.zeros(2, dtype)])
+            assert batch.dtype.itemsize == np.result_type(dtype).itemsize

@@ -107,7 +107,7 @@ def test_output_torch_takes_arrays_torch_cannot_view(kwargs):
     """Another byte order, a negative stride, np.ulonglong: output="torch"
     gives a tensor of the same values (a copy where torch cannot view)."""
     columns = (np.arange(6, dtype=">i8"), np.arange(12, dtype=np.float32).reshape(6, 2)[::-1],
-               np.arange(6, dtype=np.ulonglong))
+               np.arange(6, dtype=np.ulonglong), np.arange(6, dtype=">Q"))
     for batch_size in (3, None):
         expected = list(fl.DataLoader(fl.ArrayDataset(*columns), batch_size=batch_size))
         got = list(fl.DataLoader(fl.ArrayDataset(*columns), batch_size=batch_size,

@@ -245,6 +245,10 @@ MIXED_LEAVES = {
     "uint16 then uint8 arrays": lambda i: np.ones(2, np.uint16) if i % 2 == 0
     else np.ones(2, np.uint8),
     "past int64": lambda i: 2**63 + i,
+    "int32 then uint16 arrays": lambda i: np.ones(2, np.int32) if i % 2 == 0
+    else np.ones(2, np.uint16),
+    "array then float": lambda i: np.array(1.5) if i % 2 == 0 else 2.5,
+    "array then list": lambda i: np.ones(2, np.int64) if i % 2 == 0 else [2.5, 3.5],
     # torch refuses these dtypes (TypeError) whatever the samples.
     "datetime64 arrays": lambda i: np.arange(2).astype("datetime64[s]") + i,
     "structured arrays": lambda i: np.zeros(2, dtype=[("a", "i1"), ("b", "f8")]),

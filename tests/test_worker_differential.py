@@ -167,6 +167,20 @@ def test_a_batch_has_one_dtype_whatever_its_size_and_path(kind, batch_size):
     assert batches[0][0].dtype.isnative
 
 
+@pytest.mark.parametrize("kwargs", [{"num_workers": 2},
+                                    {"num_workers": 2, "worker_method": "thread"}])
+def test_an_array_datasets_columns_have_one_dtype_whatever_the_path(kwargs):
+    """np.longlong's and np.ulonglong's columns come back under the names a
+    pickle gives (np.int64's, np.uint64's), in their byte order, on every path."""
+    columns = (np.arange(6, dtype="q"), np.arange(6, dtype=">Q"), np.arange(6, dtype=">f4"))
+    described = [[(a.dtype.char, a.dtype.str, a.tolist()) for a in batch]
+                 for batch in fl.DataLoader(fl.ArrayDataset(*columns), batch_size=4)]
+    assert [char for char, _, _ in described[0]] == ["l", "L", "f"]
+    got = [[(a.dtype.char, a.dtype.str, a.tolist()) for a in batch]
+           for batch in fl.DataLoader(fl.ArrayDataset(*columns), batch_size=4, **kwargs)]
+    assert got == described
+
+
 @pytest.mark.skipif(torch is None, reason="needs torch installed")
 @pytest.mark.parametrize("kind", ["f32be", "bigint", "ulonglong"])
 @pytest.mark.parametrize("kwargs", [{}, {"num_workers": 2},
