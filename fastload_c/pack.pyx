@@ -564,6 +564,29 @@ def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1, *
     return _dumps(("tree+values", plan.layout, values))
 
 
+def arrays_alike(samples):
+    """Whether every sample is a numpy array of the first one's class and of
+    an equivalent dtype (as numpy's == of dtypes): a loop in C, for a
+    collation that must tell mixed leaves apart."""
+    cdef tuple items = tuple(samples)
+    cdef Py_ssize_t i, n = len(items)
+    if n == 0:
+        return True
+    first = items[0]
+    if not cnp.PyArray_Check(first):
+        return False
+    cdef type cls = type(first)
+    cdef cnp.dtype d = (<cnp.ndarray>first).descr, other
+    for i in range(1, n):
+        o = items[i]
+        if type(o) is not cls:
+            return False
+        other = (<cnp.ndarray>o).descr
+        if other is not d and not cnp.PyArray_EquivTypes(other, d):
+            return False
+    return True
+
+
 cdef int _refuse_what_numpy_rules_decide(_Plan plan, _Walk w) except -1:
     """collate_into with numpy_rules False: TypeError for a leaf whose
     samples differ in dtype, or whose dtype is no number's."""

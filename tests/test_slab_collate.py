@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fastload_c.errors import CollateError
-from fastload_c.pack import SlotTooSmallError, collate_into, gather_into, unpack
+from fastload_c.pack import SlotTooSmallError, arrays_alike, collate_into, gather_into, unpack
 from fastload_c.shm import Segment
 
 Point = collections.namedtuple("Point", "x y")
@@ -397,3 +397,16 @@ def test_tensors_the_slot_writer_leaves_to_default_collate_raise(make):
     with pytest.raises((TypeError, RuntimeError, CollateError)):
         collate_into(make(torch), bytearray(1 << 12))
 
+
+@pytest.mark.parametrize("samples,alike", [
+    ([np.zeros(2)] * 3, True),
+    ([np.zeros(2, "Q"), np.zeros(3, "L")], True),      # one dtype under two names
+    ([np.zeros(2, np.int32), np.zeros(2, np.uint16)], False),
+    ([np.zeros(2, ">f4"), np.zeros(2, "<f4")], False),
+    ([np.zeros(2), 1.0], False),
+    ([np.zeros(2), np.zeros(2).view(np.matrix)], False),  # another class
+    ([1.0, 1.0], False),
+    ([], True),
+])
+def test_arrays_alike_tells_mixed_leaves_apart(samples, alike):
+    assert arrays_alike(samples) is alike
