@@ -136,10 +136,9 @@ class BaseIter:
         self._index_sampler = loader._index_sampler
         self._num_workers = loader.num_workers
         self._timeout = loader.timeout
-        self._collate_fn = loader.collate_fn
+        self._collate_fn, self._output = loader._engine_collation()
         self._persistent_workers = loader.persistent_workers
         self._snapshot_every = loader.snapshot_every_n_steps
-        self._output = loader.output
         self._map_style = self._dataset_kind is DatasetKind.MAP
         self._stats = LoaderStats()
         self._returned_at: float | None = None

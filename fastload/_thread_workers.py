@@ -156,7 +156,7 @@ class _Config:
         self.dataset = loader.dataset
         self.kind: DatasetKind = loader._dataset_kind
         self.auto_collation: bool = loader._auto_collation
-        self.collate_fn = loader.collate_fn
+        self.collate_fn, _ = loader._engine_collation()
         self.drop_last: bool = loader.drop_last
         self.batch_size = loader.batch_size if loader._auto_collation else None
         self.num_workers: int = loader.num_workers

@@ -199,7 +199,7 @@ class WorkerGroup:
                 "dataset": loader.dataset,
                 "dataset_kind": loader._dataset_kind,
                 "auto_collation": loader._auto_collation,
-                "collate_fn": loader.collate_fn,
+                "collate_fn": loader._engine_collation()[0],
                 "drop_last": loader.drop_last,
                 "base_seed": base_seed,
                 "worker_init_fn": loader.worker_init_fn,

@@ -34,7 +34,7 @@ from fastload._torch_draws import (
     unresumable_sampler,
 )
 from fastload._warnings import warn_at_caller
-from fastload.collate import default_collate, default_convert
+from fastload.collate import default_collate, default_convert, engine_collation
 from fastload.dataset import Dataset, _is_iterable_dataset
 from fastload.distributed import warn_if_not_sharded
 from fastload.errors import InvalidArgumentError, StateMismatchError
@@ -302,6 +302,10 @@ class DataLoader(Generic[T_co]):
     @property
     def _index_sampler(self) -> Any:
         return self._draws
+
+    def _engine_collation(self) -> tuple[Callable[[Any], Any], str | None]:
+        """The collate_fn and output its iterators run (collate.engine_collation)."""
+        return engine_collation(self.collate_fn, self._auto_collation, self.output)
 
     def _get_iterator(self, resume: LoaderState | None = None,
                       base_seed: int | None = None,

@@ -118,6 +118,45 @@ def test_output_torch_takes_arrays_torch_cannot_view(kwargs):
             assert [t.tolist() for t in tensors] == [a.tolist() for a in arrays]
 
 
+class TorchLeaves(fl.Dataset):
+    """Leaves torch's default_collate takes in the main process but not in
+    a worker of its own (it stacks into new shared memory there): a
+    negative view, a tensor needing grad; beside numpy, an int, a string."""
+
+    def __init__(self):
+        self.negated = torch._neg_view(torch.arange(12.0).reshape(6, 2))
+        self.weights = torch.ones(6, 2, requires_grad=True)
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return {"neg": self.negated[i], "grad": self.weights[i],
+                "x": np.full(3, i, np.float32), "i": i, "s": "ab"}
+
+
+def _same_batches(ours, theirs):
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert a.keys() == b.keys() and a["s"] == b["s"]
+        for key in ("neg", "grad", "x", "i"):
+            assert type(a[key]) is torch.Tensor and a[key].dtype == b[key].dtype
+            assert a[key].requires_grad == b[key].requires_grad
+            assert torch.equal(a[key].detach().resolve_neg(), b[key].detach().resolve_neg())
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"num_workers": 2},
+                                    {"num_workers": 2, "worker_method": "thread"}])
+def test_torchs_default_collate_as_collate_fn_gives_torchs_main_process_batch(kwargs):
+    """torch's own default_collate passed to fastload's loader runs as
+    fastload.torch runs it: the batch torch's loader makes without workers,
+    at every num_workers."""
+    theirs = list(td.DataLoader(TorchLeaves(), batch_size=3))
+    ours = list(fl.DataLoader(TorchLeaves(), batch_size=3, collate_fn=td.default_collate,
+                              **kwargs))
+    _same_batches(ours, theirs)
+
+
 def test_tensor_batches_without_automatic_batching_stay_tensors():
     loader = fl.DataLoader(TensorSamples(), batch_size=None, num_workers=2)
     sample = next(iter(loader))
