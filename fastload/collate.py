@@ -79,21 +79,22 @@ def default_collate_torch_rules(batch: Sequence[Any]) -> Any:
         _torch_rules.reset(token)
 
 
-def engine_collation(collate_fn: Callable[[Any], Any], auto_collation: bool,
+def engine_collation(collate_fn: Callable[[Any], Any],
                      output: str | None) -> tuple[Callable[[Any], Any], str | None]:
     """The collate_fn and output a loader's iterators run: torch's own
-    default_collate (or default_convert, without batching) given as
-    ``collate_fn`` runs as fastload.torch runs it, fastload's collation by
-    torch's rules and tensors out, so that its batch is the one torch makes
-    in the main process at every num_workers (torch's own, in a worker,
-    stacks into new shared memory and raises for what it cannot share
-    there), and written in C where it can be; any other as it is."""
+    default_collate or default_convert given as ``collate_fn`` runs as
+    fastload.torch runs it, fastload's collation by torch's rules (or
+    conversion) and tensors out, so that its result is the one torch makes
+    in the main process at every num_workers, with batching or without
+    (torch's own, in a worker, stacks into new shared memory and raises for
+    what it cannot share there), and written in C where it can be; any
+    other as it is."""
     torch = torch_if_imported()
     if torch is not None:
         data = torch.utils.data
-        if auto_collation and collate_fn is data.default_collate:
+        if collate_fn is data.default_collate:
             return default_collate_torch_rules, output or "torch"
-        if not auto_collation and collate_fn is data.default_convert:
+        if collate_fn is data.default_convert:
             return default_convert, output or "torch"
     return collate_fn, output
 

@@ -305,7 +305,7 @@ class DataLoader(Generic[T_co]):
 
     def _engine_collation(self) -> tuple[Callable[[Any], Any], str | None]:
         """The collate_fn and output its iterators run (collate.engine_collation)."""
-        return engine_collation(self.collate_fn, self._auto_collation, self.output)
+        return engine_collation(self.collate_fn, self.output)
 
     def _get_iterator(self, resume: LoaderState | None = None,
                       base_seed: int | None = None,

@@ -135,6 +135,13 @@ class TorchLeaves(fl.Dataset):
                 "x": np.full(3, i, np.float32), "i": i, "s": "ab"}
 
 
+class PairOfRows(TorchLeaves):
+    """A sample of two rows torch's default_collate stacks into one tensor."""
+
+    def __getitem__(self, i):
+        return [self.negated[i], self.weights[i]]
+
+
 def _same_batches(ours, theirs):
     assert len(ours) == len(theirs)
     for a, b in zip(ours, theirs):
@@ -155,6 +162,14 @@ def test_torchs_default_collate_as_collate_fn_gives_torchs_main_process_batch(kw
     ours = list(fl.DataLoader(TorchLeaves(), batch_size=3, collate_fn=td.default_collate,
                               **kwargs))
     _same_batches(ours, theirs)
+    # Without batching torch's collate_fn takes one sample: here a pair it stacks.
+    pairs = PairOfRows()
+    theirs = list(td.DataLoader(pairs, batch_size=None, collate_fn=td.default_collate))
+    ours = list(fl.DataLoader(pairs, batch_size=None, collate_fn=td.default_collate, **kwargs))
+    assert len(ours) == len(theirs) == 6
+    for a, b in zip(ours, theirs):
+        assert type(a) is torch.Tensor and a.dtype == b.dtype and a.requires_grad
+        assert torch.equal(a.detach(), b.detach())
 
 
 def test_tensor_batches_without_automatic_batching_stay_tensors():
