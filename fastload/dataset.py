@@ -158,17 +158,18 @@ class TensorArrayDataset(ArrayDataset):
         self.tensor_columns = tuple(is_tensor(a) for a in arrays)
         # Each tensor's dtype where its array holds another (bfloat16's bytes
         # as int16, see _as_array), else None.
+        torch = torch_or_none()
+        assert torch is not None, "some arrays are torch tensors"
         self.viewed_dtypes = tuple(
-            a.dtype if is_tensor(a) and str(a.dtype) != f"torch.{array.dtype}" else None
+            a.dtype if is_tensor(a) and torch.from_numpy(array[:0]).dtype != a.dtype else None
             for a, array in zip(arrays, self.arrays))
 
     def _as_tensors(self, values: Sequence[Any]) -> tuple[Any, ...]:
         torch = torch_or_none()  # a spawned worker has not imported it yet
         assert torch is not None, "the arrays were torch tensors"
-        return tuple(
-            value if not tensor else torch.from_numpy(np.asarray(value)) if dtype is None
-            else torch.from_numpy(np.asarray(value)).view(dtype)
-            for value, tensor, dtype in zip(values, self.tensor_columns, self.viewed_dtypes))
+        return tuple(_as_tensor(torch, value, dtype) if tensor else value
+                     for value, tensor, dtype in zip(values, self.tensor_columns,
+                                                     self.viewed_dtypes))
 
     @property
     def columns(self) -> tuple[Any, ...]:
@@ -179,6 +180,12 @@ class TensorArrayDataset(ArrayDataset):
 
     def __getitems__(self, indices: Sequence[int]) -> GatheredBatch:
         return GatheredTensors(self._as_tensors(gather(self.arrays, indices).columns))
+
+
+def _as_tensor(torch: Any, value: Any, viewed_dtype: Any) -> Any:
+    """A row or batch of a tensor column, as a tensor of its tensor's dtype."""
+    tensor = torch.from_numpy(np.asarray(value))
+    return tensor if viewed_dtype is None else tensor.view(viewed_dtype)
 
 
 TensorDataset = ArrayDataset

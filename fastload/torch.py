@@ -87,13 +87,16 @@ def default_convert(data: Any) -> Any:
     return _collate.arrays_to_tensors(_collate.default_convert(data))
 
 
-# Collate functions that mean "the default" (of batching, and of single
-# samples): fastload's own then runs (default_collate_torch_rules for
-# batches), with its C paths in workers, and the batch's leaves become
-# tensors. Any other collate_fn's result is left as it made it, as torch
-# leaves it.
-_COLLATES = (default_collate, _torch_data.default_collate, _collate.default_collate)
-_CONVERTS = (default_convert, _torch_data.default_convert, _collate.default_convert)
+def _as_torchs_own(collate_fn: Any) -> Any:
+    """This module's and fastload's default collate and convert stand for
+    torch's, which fastload.DataLoader runs as its own, by torch's rules,
+    with its C paths in workers and tensors out (collate.engine_collation).
+    Any other collate_fn's result is left as it made it, as torch leaves it."""
+    if collate_fn in (default_collate, _collate.default_collate):
+        return _torch_data.default_collate
+    if collate_fn in (default_convert, _collate.default_convert):
+        return _torch_data.default_convert
+    return collate_fn
 
 
 T_co = TypeVar("T_co", covariant=True)
@@ -144,16 +147,8 @@ class DataLoader(_torch_data.DataLoader[T_co]):
             samplers = {"batch_sampler": self.batch_sampler}
         else:
             samplers = {"sampler": self.sampler, "batch_size": None}
-        # The default of this loader's kind is fastload's; the other default
-        # (default_collate of single samples, say) runs as torch runs it.
-        engine_collate: Any
-        if self._auto_collation:
-            engine_collate = (_collate.default_collate_torch_rules
-                              if self.collate_fn in _COLLATES else self.collate_fn)
-        else:
-            engine_collate = None if self.collate_fn in _CONVERTS else self.collate_fn
         self._fastload = _loader.DataLoader(
-            dataset, num_workers=num_workers, collate_fn=engine_collate,
+            dataset, num_workers=num_workers, collate_fn=_as_torchs_own(self.collate_fn),
             pin_memory=pin_memory, timeout=timeout, worker_init_fn=worker_init_fn,
             multiprocessing_context=multiprocessing_context,
             # Without a generator torch draws the base seed from its global
@@ -161,7 +156,6 @@ class DataLoader(_torch_data.DataLoader[T_co]):
             generator=torch.default_generator if generator is None else generator,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order,
-            output="torch" if self.collate_fn in _COLLATES + _CONVERTS else None,
             snapshot_every_n_steps=snapshot_every_n_steps, **samplers)
         # An attribute as torch's arguments are, so that a framework that
         # rebuilds the loader from them (Lightning) keeps it.
