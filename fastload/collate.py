@@ -50,8 +50,10 @@ def default_collate(batch: Sequence[Any]) -> Any:
     sample positions and shapes.
     """
     if isinstance(batch, GatheredBatch):
+        # Any other column as the samples' transposition gives it: a tuple
+        # (so strings stay a tuple, as torch keeps them).
         return [
-            _named_as_pickled(column) if is_stacked_column(column) else _collate(list(column))
+            _named_as_pickled(column) if is_stacked_column(column) else _collate(tuple(column))
             for column in batch.columns
         ]
     return _collate(batch)

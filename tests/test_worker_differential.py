@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import fastload as fl
 
-from _compositions import COLLATE_FNS, build, epoch_outcome, torch
+from _compositions import COLLATE_FNS, build, canonical, epoch_outcome, torch
 
 LEAF_KINDS = ["f32", "u8img", "i64", "int", "float", "bool", "mixnum", "str", "longstr",
               "bytes", "ragged", "obj", "deep", "none", "f32be", "padded", "bigint", "ulonglong"]
@@ -179,6 +179,31 @@ def test_an_array_datasets_columns_have_one_dtype_whatever_the_path(kwargs):
     got = [[(a.dtype.char, a.dtype.str, a.tolist()) for a in batch]
            for batch in fl.DataLoader(fl.ArrayDataset(*columns), batch_size=4, **kwargs)]
     assert got == described
+
+
+def _object_column(n):
+    column = np.empty(n, dtype=object)
+    for i in range(n):
+        column[i] = {"id": i, "tags": [f"t{i}", f"u{i}"]}
+    return column
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"num_workers": 2},
+                                    {"num_workers": 2, "worker_method": "thread"}])
+def test_an_array_datasets_batch_is_the_default_collate_of_its_samples(kwargs):
+    """Gathering columns is an optimisation of collating the samples
+    ``dataset[i]``: the batch is the same, containers included (strings
+    and bytes stay the tuple the samples' transposition gives, as in torch)."""
+    n = 10
+    columns = (np.arange(n * 2, dtype=np.float32).reshape(n, 2),
+               np.array([f"w{i}" for i in range(n)]), np.array([b"b%d" % i for i in range(n)]),
+               _object_column(n), np.arange(n, dtype=np.int16))
+    dataset = fl.ArrayDataset(*columns)
+    expected = [canonical(fl.default_collate([dataset[i] for i in range(start, min(start + 4, n))]))
+                for start in range(0, n, 4)]
+    got = [canonical(batch) for batch in fl.DataLoader(dataset, batch_size=4, **kwargs)]
+    assert got == expected
+    assert isinstance(got[0][1][1], tuple) and got[0][1][1][0] == "tuple"
 
 
 @pytest.mark.skipif(torch is None, reason="needs torch installed")
