@@ -53,7 +53,7 @@ def default_collate(batch: Sequence[Any]) -> Any:
         # Any other column as the samples' transposition gives it: a tuple
         # (so strings stay a tuple, as torch keeps them).
         return [
-            _named_as_pickled(column) if is_stacked_column(column) else _collate(tuple(column))
+            _as_batch(column) if is_stacked_column(column) else _collate(tuple(column))
             for column in batch.columns
         ]
     return _collate(batch)
@@ -129,21 +129,19 @@ def _torch_makes_it_otherwise(batch: Sequence[Any], elem: np.ndarray) -> bool:
     return elem.dtype.kind in _NOT_TORCH_KINDS or not pack.arrays_alike(batch)
 
 
-def _named_as_pickled(column: Any) -> Any:
-    """A gathered column whose dtype is np.longlong's or np.ulonglong's,
-    viewed under the name a pickle gives back, as workers give it (np.int64's,
-    np.uint64's; byte order kept, as the C gather keeps it)."""
-    if isinstance(column, np.ndarray) and column.dtype.char in "qQ":
-        return column.view(np.dtype(np.int64 if column.dtype.char == "q" else np.uint64)
-                           .newbyteorder(column.dtype.byteorder))
-    return column
+def _as_batch(column: Any) -> Any:
+    """A stacked gathered column as its batch: a tensor as it is, an array
+    under its canonical dtype's name (np.longlong's as np.int64's, as the C
+    gather names it), a view."""
+    return column if is_tensor(column) else _canonical(column)
 
 
 def is_stacked_column(column: Any) -> bool:
     """Whether a gathered column already is its batch, which default_collate
-    returns as it is: torch tensors and numeric arrays (strings and objects
-    are collated per sample, as torch does)."""
-    return is_tensor(column) or column.dtype.kind in _NUMERIC_KINDS
+    returns as it is: torch tensors and numeric arrays in native byte order
+    (strings and objects are collated per sample, as torch does; another
+    byte order too, which collating the samples makes native)."""
+    return is_tensor(column) or (column.dtype.kind in _NUMERIC_KINDS and column.dtype.isnative)
 
 
 def _collate(batch: Sequence[Any]) -> Any:

@@ -171,11 +171,12 @@ def test_a_batch_has_one_dtype_whatever_its_size_and_path(kind, batch_size):
                                     {"num_workers": 2, "worker_method": "thread"}])
 def test_an_array_datasets_columns_have_one_dtype_whatever_the_path(kwargs):
     """np.longlong's and np.ulonglong's columns come back under the names a
-    pickle gives (np.int64's, np.uint64's), in their byte order, on every path."""
+    pickle gives (np.int64's, np.uint64's), in native byte order, on every path."""
     columns = (np.arange(6, dtype="q"), np.arange(6, dtype=">Q"), np.arange(6, dtype=">f4"))
     described = [[(a.dtype.char, a.dtype.str, a.tolist()) for a in batch]
                  for batch in fl.DataLoader(fl.ArrayDataset(*columns), batch_size=4)]
     assert [char for char, _, _ in described[0]] == ["l", "L", "f"]
+    assert [dtype for _, dtype, _ in described[0]] == ["<i8", "<u8", "<f4"]
     got = [[(a.dtype.char, a.dtype.str, a.tolist()) for a in batch]
            for batch in fl.DataLoader(fl.ArrayDataset(*columns), batch_size=4, **kwargs)]
     assert got == described
@@ -193,11 +194,13 @@ def _object_column(n):
 def test_an_array_datasets_batch_is_the_default_collate_of_its_samples(kwargs):
     """Gathering columns is an optimisation of collating the samples
     ``dataset[i]``: the batch is the same, containers included (strings
-    and bytes stay the tuple the samples' transposition gives, as in torch)."""
+    and bytes stay the tuple the samples' transposition gives, as in torch),
+    dtypes too (another byte order made native, np.longlong named np.int64)."""
     n = 10
     columns = (np.arange(n * 2, dtype=np.float32).reshape(n, 2),
                np.array([f"w{i}" for i in range(n)]), np.array([b"b%d" % i for i in range(n)]),
-               _object_column(n), np.arange(n, dtype=np.int16))
+               _object_column(n), np.arange(n, dtype=">i2"),
+               np.arange(n * 6, dtype=">f8").reshape(n, 2, 3), np.arange(n, dtype=np.longlong))
     dataset = fl.ArrayDataset(*columns)
     expected = [canonical(fl.default_collate([dataset[i] for i in range(start, min(start + 4, n))]))
                 for start in range(0, n, 4)]
