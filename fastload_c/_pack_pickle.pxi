@@ -96,7 +96,8 @@ def _dumps_with_tensor_bytes(obj, buffer_callback):
     - numpy arrays (exactly np.ndarray) keep their dtype as it is: numpy
       gives a strided array of another byte order back in native order,
       and np.longlong's and np.ulonglong's arrays back as np.int64's and
-      np.uint64's (see _reduce_array)."""
+      np.uint64's (see _reduce_array); np.longlong and np.ulonglong scalars
+      keep their type too (numpy's pickle names them by dtype)."""
     torch = sys.modules.get("torch")
     storages = {}
 
@@ -144,8 +145,22 @@ def _array_from_bytes(data, dtype, type_char, shape):
     return data.view(dtype).reshape(shape)
 
 
+def _reduce_named_scalar(scalar):
+    """An np.longlong or np.ulonglong scalar, which numpy's pickle gives back
+    as np.int64's or np.uint64's: its type's char and its value."""
+    return (_scalar_from_char, (scalar.dtype.char, int(scalar)))
+
+
+def _scalar_from_char(type_char, value):
+    """A scalar _reduce_named_scalar pickled."""
+    return np.dtype(type_char).type(value)
+
+
 _dispatch_table = copyreg.dispatch_table.copy()
 _dispatch_table[np.ndarray] = _reduce_array
+for _named in (np.longlong, np.ulonglong):
+    if _named not in (np.int64, np.uint64):  # distinct types where C long is 64 bits
+        _dispatch_table[_named] = _reduce_named_scalar
 
 
 def _tensor_from_bytes(data, dtype, shape, stride, offset):

@@ -197,6 +197,15 @@ def test_pickle_transport_keeps_every_dtype_as_it_is(array):
     assert got.tolist() == array.tolist()
 
 
+@pytest.mark.parametrize("scalar", [np.longlong(-3), np.ulonglong(2**64 - 1), np.int64(7)])
+def test_pickle_transport_keeps_a_scalars_type(scalar):
+    """numpy's pickle gives np.longlong and np.ulonglong scalars back as
+    np.int64's and np.uint64's; the transport gives them back as they were."""
+    lease = SlabPool(1 << 20).acquire()
+    got = unpack(lease, pickle_into([scalar], lease))[0]
+    assert type(got) is type(scalar) and got == scalar
+
+
 def test_layout_reaching_outside_the_slot_is_refused():
     pool = SlabPool(1 << 16)
     big = pool.acquire()
