@@ -254,6 +254,9 @@ class RandomSampler(_EpochSampler):
 
     def _epoch_chunks(self, rng: Any) -> Iterator[Chunk]:
         n, count = len(self.data_source), int(self.num_samples)
+        if n == 0:
+            raise ValueError(f"RandomSampler cannot draw num_samples={count} indices from "
+                             "an empty data_source")
         # Same draws in the same order as torch, including the final draw of
         # a possibly empty remainder, so a torch.Generator ends in torch's state.
         if self.replacement:

@@ -97,6 +97,18 @@ def test_random_sampler_rejects_bad_arguments(kwargs, error):
         RandomSampler(range(3), **kwargs)
 
 
+@pytest.mark.parametrize("replacement", [False, True])
+def test_random_sampler_over_an_empty_dataset_says_so(replacement):
+    """num_samples from nothing: a ValueError naming it, not numpy's "high <= 0"
+    or a ZeroDivisionError; the sampler works again once the data is there."""
+    data: list[int] = []
+    sampler = RandomSampler(data, replacement=replacement, num_samples=4, generator=0)
+    with pytest.raises(ValueError, match="num_samples=4 indices from an empty data_source"):
+        list(sampler)
+    data.extend(range(3))
+    assert len(list(sampler)) == 4
+
+
 @given(n=st.integers(1, 200), seed=st.integers(0, 2**32))
 def test_property_random_sampler_is_a_permutation_and_reproducible(n, seed):
     indices = list(RandomSampler(range(n), generator=seed))
