@@ -97,6 +97,10 @@ def _sigchld_wakes_us(context: Any) -> bool:
     return True
 
 
+# send_segments' errors when the worker's end of its socket is closed.
+_PEER_GONE = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN})
+
+
 class _Channels:
     """What the pool's segment callbacks need to reach the workers. Kept apart
     from WorkerGroup so that the pool holds no reference to the group: the
@@ -128,8 +132,13 @@ class _Channels:
         for worker_id, sock in enumerate(self.sockets):
             try:
                 send_segments(sock, [segment])
-            except OSError:
-                self.raise_if_dead()  # the usual reason: that worker is gone
+            except OSError as exc:
+                if exc.errno in _PEER_GONE:
+                    # That worker has exited: the pool still grows for the
+                    # others, and the death is raised by the next wait, once
+                    # the batches already answered are delivered.
+                    continue
+                self.raise_if_dead()
                 raise
             self.send(worker_id, (SEGMENT, seg_id, segment.size))
         if self.sockets:

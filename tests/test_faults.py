@@ -160,6 +160,33 @@ def test_exception_in_worker_is_raised_when_its_batch_is_due():
     assert not worker_children()
 
 
+class ExitsAtSeven(fl.Dataset):
+    """The worker that loads index 7 exits (sys.exit), after its earlier batches."""
+
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        if i == 7:
+            sys.exit(3)
+        return i
+
+
+def test_batches_answered_before_a_death_are_delivered_first():
+    """Worker 1 answers batch 1, then dies in batch 3; worker 0 answers
+    batch 2. The loop sleeps meanwhile, so the pool must grow to send the
+    next task when it asks again: growing cannot reach the dead worker, but
+    that must not cut the epoch short before the answered batches."""
+    loader = fl.DataLoader(ExitsAtSeven(), batch_size=2, num_workers=2)
+    delivered = []
+    with pytest.raises(fl.WorkerDiedError, match="batch 3 of the epoch"):
+        for batch in loader:
+            delivered.append(batch.tolist())
+            time.sleep(0.3)
+    assert delivered == [[0, 1], [2, 3], [4, 5]]
+    assert not worker_children()
+
+
 def test_timeout_error_names_the_wait():
     loader = fl.DataLoader(Sleepy(n=2, delay=1), batch_size=1, num_workers=1, timeout=0.2)
     with pytest.raises(RuntimeError, match=r"timed out after 0\.2"):
