@@ -123,15 +123,23 @@ class ProcessDispatcher:
 
     def await_started(self, after_reset: bool = False) -> None:
         """Wait until every worker said STARTED (NOTE [ Worker protocol ]):
-        set up, so that a set-up failure or a death raises here, in iter(),
-        whatever the timing; or, ``after_reset`` (a persistent epoch's), with
+        set up, so that a set-up failure or a death before STARTED raises
+        here, in iter(), whatever the timing (a death in a task after it,
+        next() raises, after the batches answered before it); or, ``after_reset`` (a persistent epoch's), with
         its new stream. Answers to tasks that come meanwhile are kept. After a
         RESET, a worker still loading an abandoned task gets the bigger slot
         it asks for: it reads the RESET only after that task. (At set-up a
         worker says STARTED before any task: requests wait for _settle.)"""
         deadline = deadline_after(self._timeout)
         while self._started < self.workers.num_workers:
-            self._pump(deadline)
+            try:
+                self._pump(deadline)
+            except WorkerGroupDied as died:
+                if died.worker_id not in self._starts:
+                    raise  # it died setting up: iter() raises
+                # It died in a task after it started: next() raises that,
+                # once the batches answered before it are delivered.
+                break
             if after_reset:
                 self._serve_needs(None)
         for worker_id, state in self._starts.items():

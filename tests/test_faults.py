@@ -187,6 +187,33 @@ def test_batches_answered_before_a_death_are_delivered_first():
     assert not worker_children()
 
 
+class ExitsAtFive(ExitsAtSeven):
+    def __getitem__(self, i):
+        if i == 5:
+            sys.exit(3)
+        return i
+
+
+def _slow_start_of_worker_1(worker_id):
+    if worker_id == 1:
+        time.sleep(0.5)
+
+
+def test_a_death_in_a_task_while_iter_awaits_the_others_start_is_raised_by_next():
+    """Worker 0 answers batch 0 and dies in batch 2 while iter() still waits
+    for worker 1 to start: iter() returns, batch 0 is delivered, and the
+    death is raised by the next() that waits on it (only a death before a
+    worker said STARTED is iter()'s)."""
+    loader = fl.DataLoader(ExitsAtFive(), batch_size=2, num_workers=2,
+                           worker_init_fn=_slow_start_of_worker_1)
+    it = iter(loader)
+    assert next(it).tolist() == [0, 1]
+    with pytest.raises(fl.WorkerDiedError, match="batch 2 of the epoch"):
+        next(it)
+    del it
+    assert not worker_children()
+
+
 def test_timeout_error_names_the_wait():
     loader = fl.DataLoader(Sleepy(n=2, delay=1), batch_size=1, num_workers=1, timeout=0.2)
     with pytest.raises(RuntimeError, match=r"timed out after 0\.2"):
