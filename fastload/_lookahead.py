@@ -4,8 +4,8 @@ NOTE [ Epoch lookahead ]
 
 With persistent workers, the workers would sit idle from the moment the
 index sampler runs out until the user calls ``iter()`` again, and the first
-batch of the new epoch would then cost a whole batch of work. Instead, once
-the sampler runs out, the iterator asks ``next_epoch_head`` for the first
+batch of the new epoch would then cost a whole batch of work. With
+``prefetch_next_epoch=True``, once the sampler runs out, the iterator asks ``next_epoch_head`` for the first
 batches the sampler's *next* iteration will yield and dispatches them as
 lookahead tasks, in the slots the epoch's last batches free.
 
@@ -21,9 +21,13 @@ The head is a guess, and it is checked: at ``iter()`` each batch the real
 sampler yields is compared with the lookahead task dispatched at that
 position (same indices, same worker). A match is adopted as if it had been
 dispatched then; from the first difference on, the lookahead tasks are
-dropped as stale and loading goes on as it would have without them. A
-lookahead therefore saves time and never changes a batch. What it can
-change: the dataset is read for batches that may be dropped (``set_epoch``
+dropped as stale and loading goes on as it would have without them. So the
+indices are always the right ones; the samples are not when the dataset
+reads state the program changes between epochs (a value shared with the
+workers, a file rewritten, a curriculum level): an adopted batch was read
+before the change. That is why it is off by default: without it nothing of
+an epoch is read before its ``iter()``, as in torch. What it also
+changes: the dataset is read for batches that may be dropped (``set_epoch``
 with another epoch, a generator reseeded between epochs), and that reading
 advanced the worker's global RNGs (``sample_rng()`` streams are keyed on
 the index and are unaffected). A lookahead task's exception is raised only

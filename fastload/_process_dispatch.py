@@ -7,8 +7,9 @@ sends each batch's task to the next worker (round robin, at most
 ``prefetch_factor`` tasks in flight per worker), takes a slot from the pool
 for it, reads the result rings, and hands back the next batch due. While
 a batch is ready to return it puts off growing the pool (``_settle``).
-Persistent workers go on into the next epoch's first batches once the
-sampler has run out (NOTE [ Epoch lookahead ] in fastload._lookahead).
+With ``prefetch_next_epoch``, persistent workers go on into the next
+epoch's first batches once the sampler has run out (NOTE [ Epoch
+lookahead ] in fastload._lookahead).
 
 It waits in one place, ``_pump`` (for the workers' answers), which the
 iterator's calls reach directly or through ``_acquire_at_cap`` (a slot at
@@ -87,7 +88,7 @@ class ProcessDispatcher:
         self._in_order: bool = loader.in_order
         self._timeout: float = loader.timeout
         self._index_sampler = loader._index_sampler
-        self._may_look_ahead = (loader.persistent_workers
+        self._may_look_ahead = (loader.prefetch_next_epoch
                                 and loader._dataset_kind is DatasetKind.MAP)
         self._draw = EpochDraw(iter(()), frozenset(), 0, None, 0)  # until begin_epoch
         self._epoch = 0

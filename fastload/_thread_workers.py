@@ -10,7 +10,8 @@ order exactly as with worker processes: it draws indices, sends each task
 to the next worker (round robin, ``prefetch_factor`` tasks per worker;
 with ``in_order=False`` an idle one), and delivers in task order.
 Persistent thread workers do not look ahead into the next epoch
-(NOTE [ Epoch lookahead ] in fastload._lookahead is for worker processes):
+(``prefetch_next_epoch``, NOTE [ Epoch lookahead ] in fastload._lookahead,
+is for worker processes):
 a thread needs no start-up to hide, and the batches are the same either way.
 
 * **The dataset.** A map-style dataset is shared by every thread, as in

@@ -73,6 +73,11 @@ class DataLoader(Generic[T_co]):
       into a numpy array or a tensor, sharing its memory.
     * ``snapshot_every_n_steps``: how often a checkpointable loader records
       its state, as in torchdata's StatefulDataLoader.
+    * ``prefetch_next_epoch``: with persistent worker processes, start on the
+      next epoch's first batches once an epoch's sampler has run out, before
+      its ``iter()`` (NOTE [ Epoch lookahead ] in fastload._lookahead). Off by
+      default: those batches are then read before anything the program
+      changes between epochs, such as a shared value the dataset reads.
 
     ``worker_method`` is ``'multiprocessing'`` (default: ``num_workers``
     worker processes) or ``'thread'`` (``num_workers`` threads of this
@@ -117,6 +122,7 @@ class DataLoader(Generic[T_co]):
         output: str | None = None,
         snapshot_every_n_steps: int = 1,
         worker_method: str = "multiprocessing",
+        prefetch_next_epoch: bool = False,
     ) -> None:
         if worker_method not in _WORKER_METHODS:
             raise ValueError(f"worker_method should be one of {_WORKER_METHODS}, "
@@ -148,6 +154,9 @@ class DataLoader(Generic[T_co]):
                 f"(num_workers={num_workers}); got 0")
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
+        if prefetch_next_epoch and (not persistent_workers or worker_method == "thread"):
+            raise ValueError("prefetch_next_epoch needs persistent worker processes "
+                             "(persistent_workers=True, worker_method='multiprocessing')")
         if output is not None and output not in _OUTPUTS:
             raise ValueError(
                 f"output should be None or one of {_OUTPUTS}, but got output={output!r}")
@@ -179,6 +188,7 @@ class DataLoader(Generic[T_co]):
         self.in_order = in_order
         self.output = output
         self.snapshot_every_n_steps = int(snapshot_every_n_steps)
+        self.prefetch_next_epoch = bool(prefetch_next_epoch)
 
         if _is_iterable_dataset(dataset):
             self._dataset_kind = DatasetKind.ITERABLE

@@ -129,9 +129,11 @@ class DataLoader(_torch_data.DataLoader[T_co]):
         pin_memory_device: str = "",
         in_order: bool = True,
         snapshot_every_n_steps: int = 1,
+        prefetch_next_epoch: bool = False,
     ) -> None:
-        """torch's arguments, and torchdata StatefulDataLoader's
-        ``snapshot_every_n_steps`` (see fastload.DataLoader)."""
+        """torch's arguments, torchdata StatefulDataLoader's
+        ``snapshot_every_n_steps``, and fastload's ``prefetch_next_epoch``
+        (see fastload.DataLoader)."""
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
             pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
@@ -156,10 +158,12 @@ class DataLoader(_torch_data.DataLoader[T_co]):
             generator=torch.default_generator if generator is None else generator,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order,
-            snapshot_every_n_steps=snapshot_every_n_steps, **samplers)
-        # An attribute as torch's arguments are, so that a framework that
-        # rebuilds the loader from them (Lightning) keeps it.
+            snapshot_every_n_steps=snapshot_every_n_steps,
+            prefetch_next_epoch=prefetch_next_epoch, **samplers)
+        # Attributes as torch's arguments are, so that a framework that
+        # rebuilds the loader from them (Lightning) keeps them.
         self.snapshot_every_n_steps = snapshot_every_n_steps
+        self.prefetch_next_epoch = prefetch_next_epoch
 
     def __iter__(self) -> Any:
         return iter(self._fastload)  # which warns when it is not sharded

@@ -1,7 +1,9 @@
-"""Persistent workers load the next epoch's first batches before its iter()
-(NOTE [ Epoch lookahead ] in fastload._lookahead): the guess never moves
-the samplers or RNGs, a right guess saves the wait, a wrong one changes no
-batch."""
+"""With prefetch_next_epoch, persistent workers load the next epoch's first
+batches before its iter() (NOTE [ Epoch lookahead ] in fastload._lookahead):
+the guess never moves the samplers or RNGs, a right guess saves the wait, a
+wrong one changes no batch. Without it (the default) nothing of an epoch is
+loaded before its iter()."""
+import multiprocessing
 import os
 import time
 
@@ -183,7 +185,7 @@ def test_first_batches_of_a_new_epoch_are_loaded_before_iter(tmp_path, method):
         dataset = Logged(log_dir, n=24)
         sampler = sampler_type(dataset, generator=generator)
         return fl.DataLoader(dataset, batch_size=4, sampler=sampler, generator=generator,
-                             num_workers=2, persistent_workers=True,
+                             num_workers=2, persistent_workers=True, prefetch_next_epoch=True,
                              multiprocessing_context=method)
 
     reference = shuffled(tmp_path, PlainRandomSampler)
@@ -210,7 +212,7 @@ def test_a_slow_first_batch_is_ready_at_iter(tmp_path):
     # Each batch takes 0.2 s to load; the new epoch's first one is already
     # there: it comes within 0.1 s, in the best of three epochs.
     loader = fl.DataLoader(Logged(tmp_path, n=8, delay=0.1), batch_size=2, num_workers=2,
-                           persistent_workers=True)
+                           persistent_workers=True, prefetch_next_epoch=True)
     assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     latencies = []
     for epoch in range(1, 4):
@@ -249,14 +251,14 @@ def distributed(tmp_path, workers, between):
     dataset = Logged(tmp_path, n=30)
     sampler = fl.DistributedSampler(dataset, num_replicas=2, rank=1, seed=3)
     return fl.DataLoader(dataset, batch_size=3, sampler=sampler, num_workers=workers,
-                         persistent_workers=workers > 0)
+                         persistent_workers=workers > 0, prefetch_next_epoch=workers > 0)
 
 
 def weighted(tmp_path, workers, between):
     dataset = Logged(tmp_path, n=30)
     sampler = fl.WeightedRandomSampler(np.arange(1, 31), 17, generator=np.random.default_rng(4))
     return fl.DataLoader(dataset, batch_size=2, sampler=sampler, num_workers=workers,
-                         persistent_workers=workers > 0)
+                         persistent_workers=workers > 0, prefetch_next_epoch=workers > 0)
 
 
 @pytest.mark.timeout(60)
@@ -288,7 +290,8 @@ def test_epochs_equal_loading_without_workers_whether_the_guess_is_right(
 def failing_loader(tmp_path, fail_at):
     sampler = fl.WeightedRandomSampler(np.ones(200), 8, generator=np.random.default_rng(12))
     return fl.DataLoader(Logged(tmp_path, n=200, fail_at=fail_at), batch_size=2,
-                         sampler=sampler, num_workers=2, persistent_workers=True)
+                         sampler=sampler, num_workers=2, persistent_workers=True,
+                         prefetch_next_epoch=True)
 
 
 def sampled_epochs(epochs):
@@ -325,11 +328,47 @@ def test_a_failure_in_a_right_guess_is_raised_when_its_batch_is_due(tmp_path):
 @pytest.mark.timeout(60)
 def test_no_lookahead_for_a_sampler_it_does_not_know(tmp_path):
     loader = fl.DataLoader(Logged(tmp_path, n=12), batch_size=2, sampler=Reversed(12),
-                           num_workers=2, persistent_workers=True)
+                           num_workers=2, persistent_workers=True, prefetch_next_epoch=True)
     assert [i for b in loader for i in b.tolist()] == list(range(11, -1, -1))
     time.sleep(0.2)
     assert loads(tmp_path) == 12
     assert [i for b in loader for i in b.tolist()] == list(range(11, -1, -1))
+
+
+class SharedLevel(fl.Dataset):
+    """Samples read a value the training loop sets before each epoch, shared
+    with the persistent workers (their dataset is a copy): a curriculum."""
+
+    def __init__(self):
+        self.level = multiprocessing.get_context("fork").Value("i", 0)
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return i * 100 + self.level.value
+
+
+@pytest.mark.timeout(60)
+def test_by_default_an_epoch_is_loaded_after_its_iter():
+    """A change the program makes between epochs reaches every batch of the
+    next one, as with torch's persistent workers (and with no workers)."""
+    dataset = SharedLevel()
+    loader = fl.DataLoader(dataset, batch_size=2, num_workers=2, persistent_workers=True)
+    epochs = []
+    for level in range(3):
+        dataset.level.value = level
+        epochs.append([i for b in loader for i in b.tolist()])
+        time.sleep(0.1)  # time enough to load ahead, were it allowed
+    assert epochs == [[i * 100 + level for i in range(8)] for level in range(3)]
+
+
+@pytest.mark.parametrize("kwargs", [{"num_workers": 2},
+                                    {"num_workers": 2, "persistent_workers": True,
+                                     "worker_method": "thread"}])
+def test_prefetch_next_epoch_needs_persistent_worker_processes(kwargs):
+    with pytest.raises(ValueError, match="prefetch_next_epoch needs persistent worker"):
+        fl.DataLoader(range(4), prefetch_next_epoch=True, **kwargs)
 
 
 @pytest.mark.timeout(60)

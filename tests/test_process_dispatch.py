@@ -78,7 +78,8 @@ def dispatcher_over(workers, indices, prefetch_factor=2, in_order=True,
                     kind=DatasetKind.MAP):
     loader = types.SimpleNamespace(
         num_workers=workers.num_workers, prefetch_factor=prefetch_factor, in_order=in_order,
-        timeout=0, persistent_workers=False, _dataset_kind=kind, _index_sampler=None)
+        timeout=0, persistent_workers=False, prefetch_next_epoch=False, _dataset_kind=kind,
+        _index_sampler=None)
     stats = [WorkerStats() for _ in range(workers.num_workers)]
     dispatcher = ProcessDispatcher(loader, workers, stats)
     workers.dispatcher = dispatcher

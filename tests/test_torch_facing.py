@@ -421,7 +421,7 @@ def test_a_resumed_shuffled_loader_with_persistent_workers_goes_on_for_epochs():
     # state put it; persistent workers guess each next epoch's first batches.
     def make():
         return flt.DataLoader(Rows(), batch_size=4, shuffle=True, num_workers=2,
-                              persistent_workers=True)
+                              persistent_workers=True, prefetch_next_epoch=True)
 
     torch.manual_seed(0)
     loader = make()
