@@ -65,15 +65,19 @@ def _exit_if_orphaned(parent_pid: int) -> None:
 
 
 def seed_worker(base_seed: int, worker_id: int) -> int:
-    """Seed Python's, numpy's (and torch's, if imported) global generators.
+    """Seed Python's, numpy's (and torch's, if imported) global generators
+    exactly as torch's workers do, so a dataset that draws from them makes
+    torch's augmentations under the same base seed.
 
     Every worker gets its own stream: numpy's state comes from a
-    SeedSequence of (base seed, worker id), so no two workers ever repeat
-    each other's random augmentations.
+    SeedSequence of (worker id, the base seed's two 32-bit halves, 0), the
+    words torch's ``_generate_state`` hashes the same way, so no two
+    workers ever repeat each other's random augmentations.
     """
     seed = (base_seed + worker_id) % 2**64
     random.seed(seed)
-    np.random.seed(np.random.SeedSequence([base_seed, worker_id]).generate_state(4))
+    np.random.seed(np.random.SeedSequence(
+        [worker_id, base_seed & 0xFFFFFFFF, base_seed >> 32, 0]).generate_state(4))
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.manual_seed(seed)

@@ -132,6 +132,35 @@ def test_iterable_datasets_and_no_batching(num_workers):
     assert samples[5]["x"].tolist() == [5.0] * 3
 
 
+class GlobalDraws(td.Dataset):
+    """Each sample is a draw from each global generator of its worker."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        import random
+
+        return torch.tensor([random.random(), float(np.random.rand()), float(torch.rand(()))],
+                            dtype=torch.float64)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_draw_torchs_numbers_from_the_global_generators(context):
+    """Worker processes seed random, numpy and torch as torch's do, so a
+    dataset drawing from them (albumentations draws from numpy and random)
+    makes torch's samples under the same seed."""
+    def epoch(module):
+        torch.manual_seed(7)
+        loader = module.DataLoader(GlobalDraws(), batch_size=2, num_workers=2,
+                                   multiprocessing_context=context)
+        return torch.cat(list(loader))
+
+    theirs = epoch(td)
+    assert torch.equal(epoch(flt), theirs)
+    assert len({tuple(row.tolist()) for row in theirs}) == 8
+
+
 def test_resume_is_exact_or_refused():
     loader = flt.DataLoader(Rows(), batch_size=4, sampler=flt.SequentialSampler(Rows()))
     it = iter(loader)
