@@ -460,7 +460,7 @@ class ThreadIter(WorkerIter):
                 progress.advance(task)
                 self._dispatch()
                 if isinstance(batch, WorkerError):
-                    batch.reraise(os.getpid())
+                    batch.reraise(os.getpid(), thread=True)
                 if self._pin_torch is not None:
                     batch = pin_batch(self._pin_torch, batch)
                 return batch if self._output is None else self._convert(batch)
@@ -544,7 +544,7 @@ class ThreadIter(WorkerIter):
         if kind == FAILED and message[1] == INIT_TASK:
             # worker_init_fn or the thread's set-up failed: the epoch cannot go on.
             self._stop()
-            message[2].reraise(os.getpid())
+            message[2].reraise(os.getpid(), thread=True)
         if kind == STARTED:
             if message[3] == self._resets:  # else an answer to an earlier RESET
                 self._started += 1

@@ -27,15 +27,18 @@ class WorkerError:
             exc_type = RuntimeError
         return (_rebuild_worker_error, (exc_type, self.text, self.worker_id, self.where))
 
-    def reraise(self, pid: int) -> None:
+    def reraise(self, pid: int, thread: bool = False) -> None:
         # Raised from a call, so no frame of ours holds the exception in a
         # local: a cycle would keep the iterator (and its workers) alive.
-        raise self.exception(pid)
+        raise self.exception(pid, thread)
 
-    def exception(self, pid: int) -> BaseException:
-        """The worker's exception, rebuilt in this process."""
+    def exception(self, pid: int, thread: bool = False) -> BaseException:
+        """The worker's exception, rebuilt in this process: its message
+        starts as torch's does ("Caught ValueError in DataLoader worker
+        process 0", which logs and tools look for), then says more."""
+        worker = "thread" if thread else "process"
         message = (
-            f"Caught {self.exc_type.__name__} in DataLoader worker {self.worker_id} "
+            f"Caught {self.exc_type.__name__} in DataLoader worker {worker} {self.worker_id} "
             f"(pid {pid}) {self.where}.\nOriginal {self.text}"
         )
         if self.exc_type is KeyError:

@@ -137,6 +137,18 @@ def test_exception_in_worker_keeps_type_traceback_worker_and_index():
     assert not worker_children()
 
 
+@pytest.mark.parametrize("method, words", [("multiprocessing", "process"),
+                                           ("thread", "thread")])
+def test_a_workers_exception_starts_as_torchs_message(method, words):
+    """torch says "Caught KeyError in DataLoader worker process 0.", which
+    logs and tools look for; fastload's message starts the same way."""
+    loader = fl.DataLoader(Failing(), batch_size=4, num_workers=2, worker_method=method)
+    with pytest.raises(KeyError) as info:
+        list(loader)
+    assert re.match(rf"Caught KeyError in DataLoader worker {words} [01] \(pid \d+\) "
+                    r"while loading index 13\.", str(info.value))
+
+
 class FailingAfterSlow(Failing):
     """Batch [8..11] is slow, so the failure in [12..15] arrives before it."""
 
