@@ -233,21 +233,69 @@ def _collate_tensors(batch: Sequence[Any], elem: Any) -> Any:
 def _collate_numpy_scalars(batch: Sequence[Any], elem: Any) -> np.ndarray:
     if _torch_rules.get() and len(set(map(type, batch))) > 1:
         return _promoted_as_torch(batch, lambda torch, b: torch.as_tensor(b))
-    return _canonical(np.array(batch))
+    return _canonical(_numbers(batch))
 
 
 def _collate_floats(batch: Sequence[Any], elem: Any) -> np.ndarray:
-    return np.array(batch, dtype=np.float64)
+    try:
+        # Inferred first: a real kind means every sample is a number, which
+        # float() reads as numpy's inference does. Forced, None would turn
+        # into NaN and "2.5" into 2.5, silently.
+        out = np.array(batch)
+    except (TypeError, ValueError):
+        out = None
+    if out is not None and out.dtype.kind in "biuf":
+        return out.astype(np.float64, copy=False)
+    if _torch_rules.get():
+        return _promoted_as_torch(batch, lambda torch, b: torch.tensor(b, dtype=torch.float64))
+    _check_numbers(batch)
+    return np.array(batch, dtype=np.float64)  # ints past 64 bits among them
 
 
 def _collate_ints(batch: Sequence[Any], elem: Any) -> np.ndarray:
     # Inferred rather than forced: ints give int64 (uint64 from 2**63 on),
     # bools give bool.
-    out = np.array(batch)
-    if _torch_rules.get() and out.dtype not in (np.int64, np.bool_):
-        # A float or a complex among them, or an int past int64.
+    if not _torch_rules.get():
+        return _canonical(_numbers(batch))
+    try:
+        out = np.array(batch)
+    except (TypeError, ValueError):
+        out = None
+    if out is None or out.dtype not in (np.int64, np.bool_):
+        # A float or a complex among them, an int past int64, or no number:
+        # torch's batch, or torch's error.
         return _promoted_as_torch(batch, lambda torch, b: torch.tensor(b))
     return _canonical(out)
+
+
+def _numbers(batch: Sequence[Any]) -> np.ndarray:
+    """numpy's array of samples that must all be numbers (numpy scalars of
+    any kind included): CollateError naming the first that is not, and
+    OverflowError for an int that fits in no 64-bit integer, where numpy
+    would make an object or string array of them, silently."""
+    try:
+        out = np.array(batch)
+    except (TypeError, ValueError):
+        _check_numbers(batch)
+        raise
+    if out.dtype.kind in "OUS":
+        _check_numbers(batch)
+        position = next((i for i, x in enumerate(batch)
+                         if isinstance(x, int) and not -2**63 <= x < 2**64), None)
+        if position is not None:
+            raise OverflowError(f"default_collate: sample {position} is an int that fits "
+                                f"in no 64-bit integer ({batch[position]})")
+    return out
+
+
+def _check_numbers(batch: Sequence[Any]) -> None:
+    """CollateError naming the first sample that is no number, if any."""
+    for position, sample in enumerate(batch):
+        if isinstance(sample, (str, bytes)) or not isinstance(
+                sample, (int, float, complex, np.generic)):
+            raise CollateError(
+                f"default_collate: sample {position} is a {type(sample).__name__} but "
+                f"sample 0 is a {type(batch[0]).__name__}", (position, 0))
 
 
 def _keep(batch: Sequence[Any], elem: Any) -> Sequence[Any]:

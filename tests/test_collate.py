@@ -90,6 +90,61 @@ def test_strings_and_bytes_are_kept(batch):
     assert default_collate(batch) is batch
 
 
+@pytest.mark.parametrize("batch, position, kind", [
+    ([1, None, 3], 1, "NoneType"),      # numpy: an object array
+    ([2.5, None], 1, "NoneType"),       # numpy: NaN in its place
+    ([1, "x"], 1, "str"),               # numpy: the string array ['1', 'x']
+    ([1.5, "2.5"], 1, "str"),           # numpy, forced to float: 2.5
+    ([np.int64(1), b"x"], 1, "bytes"),
+    ([1, {"a": 1}], 1, "dict"),
+    ([1, [2]], 1, "list"),
+])
+def test_numbers_beside_something_else_raise_naming_it(batch, position, kind):
+    """A number beside a non-number is refused, as torch refuses it, never
+    turned into an object, string or NaN-holding array."""
+    with pytest.raises(CollateError, match=f"sample {position} is a {kind} but sample 0") as info:
+        default_collate(batch)
+    assert info.value.positions == (position, 0)
+
+
+def test_numpy_scalars_of_any_kind_still_stack():
+    deltas = default_collate([np.timedelta64(5, "ms"), np.timedelta64(6, "ms")])
+    assert deltas.dtype == np.dtype("m8[ms]") and deltas.astype(np.int64).tolist() == [5, 6]
+    assert default_collate([np.float32(1), np.int8(2)]).dtype == np.float32
+
+
+def test_an_int_past_64_bits_is_an_overflow_error():
+    with pytest.raises(OverflowError, match="sample 1 is an int that fits in no 64-bit"):
+        default_collate([1, 2**70])
+    assert default_collate([2**63, 2**64 - 1]).dtype == np.uint64  # they fit one
+
+
+class MissingLabel:
+    """Labels are ints, but sample 5's is missing."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return {"x": np.full(3, i, np.float32), "label": None if i == 5 else i}
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"num_workers": 2},
+                                    {"num_workers": 2, "worker_method": "thread"}])
+def test_a_missing_number_fails_its_batch_naming_the_dataset_index(kwargs):
+    import fastload as fl
+
+    outcome = []
+    it = iter(fl.DataLoader(MissingLabel(), batch_size=4, **kwargs))
+    for _ in range(2):
+        try:
+            outcome.append(next(it)["label"].tolist())
+        except CollateError as error:
+            outcome.append(str(error).splitlines()[-1] if kwargs else str(error))
+    assert outcome[0] == [0, 1, 2, 3]
+    assert "sample 1 is a NoneType but sample 0 is a int (dataset indices 5 and 4)" in outcome[1]
+
+
 def test_dict_samples_collate_per_key():
     out = default_collate([{"a": 0, "b": np.ones(2)}, {"a": 1, "b": np.zeros(2)}])
     assert list(out) == ["a", "b"]
