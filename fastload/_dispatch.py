@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from fastload._checkpoint import LoaderState, Progress
-from fastload._fetch import DatasetKind
 from fastload._iterator import BaseIter
 from fastload._task_table import TaskTable
 
@@ -40,16 +39,16 @@ def wait_seconds(deadline: float | None, poll: float, timeout: float) -> float:
 
 class RoundRobin:
     """Which worker loads the next task: the next one in turn whose iterable
-    stream has not ended. With ``in_order=False`` (map-style), a worker that
-    already has its share of the prefetch in flight is passed over, as
-    torch does: batches then go to idle workers instead of queueing behind
-    a stalled one."""
+    stream has not ended. With ``in_order=False``, a worker that already
+    has its share of the prefetch in flight (the prefetch over the workers
+    whose stream goes on) is passed over, as torch does: batches then go to
+    idle workers instead of queueing behind a stalled one (an iterable
+    dataset's other workers go on with their streams)."""
 
     def __init__(self, loader: Any) -> None:
         self._num_workers: int = loader.num_workers
-        self._share: int = loader.prefetch_factor
-        self._pass_over_busy = (not loader.in_order
-                                and loader._dataset_kind is DatasetKind.MAP)
+        self._prefetch: int = loader.prefetch_factor * loader.num_workers
+        self._pass_over_busy = not loader.in_order
         self._turns: Iterator[int] = iter(())
         self._active: list[bool] = []
         # Whether any worker's stream goes on: tasks may still be sent.
@@ -73,15 +72,20 @@ class RoundRobin:
 
     def next_worker(self, table: TaskTable) -> int:
         """The worker of the next task (``has_active`` must hold)."""
-        worker_id = next(self._turns)
-        while not self._active[worker_id]:
-            worker_id = next(self._turns)
+        worker_id = self._next_active()
         if not self._pass_over_busy:
             return worker_id
         in_flight = table.in_flight_per_worker()
+        share = self._prefetch // sum(self._active)
         for _ in range(self._num_workers):
-            if in_flight[worker_id] < self._share:
+            if in_flight[worker_id] < share:
                 break
+            worker_id = self._next_active()
+        return worker_id
+
+    def _next_active(self) -> int:
+        worker_id = next(self._turns)
+        while not self._active[worker_id]:
             worker_id = next(self._turns)
         return worker_id
 

@@ -347,6 +347,27 @@ def test_in_order_false_routes_work_away_from_a_stalled_worker():
     assert len(delivered) - 1 - delivered.index(0) <= 1, delivered
 
 
+class SlowSecondShard(fl.IterableDataset):
+    """Worker 0 yields 0..4; worker 1 yields 5..9, stalling before 5."""
+
+    def __iter__(self):
+        info = fl.get_worker_info()
+        start = 5 * info.id
+        for i in range(start, start + 5):
+            if i == 5:
+                time.sleep(1.0)
+            yield i
+
+
+@pytest.mark.parametrize("method", ["multiprocessing", "thread"])
+def test_in_order_false_lets_an_iterable_datasets_other_workers_go_on(method):
+    """As torch (torchdata's test_out_of_order_iterable_ds): the idle
+    worker's stream is not held behind tasks queued on the stalled one."""
+    loader = fl.DataLoader(SlowSecondShard(), batch_size=1, num_workers=2, in_order=False,
+                           worker_method=method)
+    assert [int(batch[0]) for batch in loader] == list(range(10))
+
+
 class Recorder:
     """A resource whose release is recorded; ``fail`` makes a call raise."""
 
