@@ -256,9 +256,13 @@ def _collate_ints(batch: Sequence[Any], elem: Any) -> np.ndarray:
     # Inferred rather than forced: ints give int64 (uint64 from 2**63 on),
     # bools give bool.
     if not _torch_rules.get():
-        return _canonical(_numbers(batch))
+        numbers = _numbers(batch)
+        if numbers.dtype.kind == "f" and all(type(x) is int or type(x) is bool for x in batch):
+            # Ints on both sides of 2**63, which numpy rounds to float64.
+            numbers = _ints_past_int64(batch)
+        return _canonical(numbers)
     try:
-        out = np.array(batch)
+        out: np.ndarray | None = np.array(batch)
     except (TypeError, ValueError):
         out = None
     if out is None or out.dtype not in (np.int64, np.bool_):
@@ -286,6 +290,16 @@ def _numbers(batch: Sequence[Any]) -> np.ndarray:
             raise OverflowError(f"default_collate: sample {position} is an int that fits "
                                 f"in no 64-bit integer ({batch[position]})")
     return out
+
+
+def _ints_past_int64(batch: Sequence[Any]) -> np.ndarray:
+    """uint64 for ints some of which only it holds, when none is negative;
+    else OverflowError: no 64-bit integer holds them all."""
+    if min(batch) >= 0:
+        return np.array(batch, dtype=np.uint64)
+    raise OverflowError("default_collate: the samples hold negative ints and ints past "
+                        f"int64 (sample {batch.index(max(batch))} is {max(batch)}); no 64-bit "
+                        "integer holds them all")
 
 
 def _check_numbers(batch: Sequence[Any]) -> None:

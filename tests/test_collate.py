@@ -113,6 +113,15 @@ def test_numpy_scalars_of_any_kind_still_stack():
     assert default_collate([np.float32(1), np.int8(2)]).dtype == np.float32
 
 
+def test_ints_on_both_sides_of_2_63_keep_every_value():
+    """numpy makes float64 of them, rounding 2**63 + 1 (a 64-bit hash as a
+    sample id, say); they are exact uint64, or OverflowError with a negative."""
+    ids = default_collate([1, 2**63 + 1])
+    assert ids.dtype == np.uint64 and ids.tolist() == [1, 2**63 + 1]
+    with pytest.raises(OverflowError, match="negative ints and ints past int64"):
+        default_collate([-1, 2**63])
+
+
 def test_an_int_past_64_bits_is_an_overflow_error():
     with pytest.raises(OverflowError, match="sample 1 is an int that fits in no 64-bit"):
         default_collate([1, 2**70])
