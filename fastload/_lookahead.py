@@ -5,9 +5,10 @@ NOTE [ Epoch lookahead ]
 With persistent workers, the workers would sit idle from the moment the
 index sampler runs out until the user calls ``iter()`` again, and the first
 batch of the new epoch would then cost a whole batch of work. With
-``prefetch_next_epoch=True``, once the sampler runs out, the iterator asks ``next_epoch_head`` for the first
-batches the sampler's *next* iteration will yield and dispatches them as
-lookahead tasks, in the slots the epoch's last batches free.
+``prefetch_next_epoch=True``, once the sampler runs out, the iterator asks
+``next_epoch_head`` for the first batches the sampler's *next* iteration
+will yield and dispatches them as lookahead tasks, in the slots the epoch's
+last batches free.
 
 Computing them must move nothing the user can observe: not the sampler's
 position or generator, not numpy's or torch's global RNG. So the head is

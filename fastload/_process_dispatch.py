@@ -126,11 +126,12 @@ class ProcessDispatcher:
         """Wait until every worker said STARTED (NOTE [ Worker protocol ]):
         set up, so that a set-up failure or a death before STARTED raises
         here, in iter(), whatever the timing (a death in a task after it,
-        next() raises, after the batches answered before it); or, ``after_reset`` (a persistent epoch's), with
-        its new stream. Answers to tasks that come meanwhile are kept. After a
-        RESET, a worker still loading an abandoned task gets the bigger slot
-        it asks for: it reads the RESET only after that task. (At set-up a
-        worker says STARTED before any task: requests wait for _settle.)"""
+        next() raises, after the batches answered before it); or,
+        ``after_reset`` (a persistent epoch's), with its new stream. Answers
+        to tasks that come meanwhile are kept. After a RESET, a worker still
+        loading an abandoned task gets the bigger slot it asks for: it reads
+        the RESET only after that task. (At set-up a worker says STARTED
+        before any task: requests wait for _settle.)"""
         deadline = deadline_after(self._timeout)
         while self._started < self.workers.num_workers:
             try:
