@@ -53,6 +53,7 @@ class RoundRobin:
         self._active: list[bool] = []
         # Whether any worker's stream goes on: tasks may still be sent.
         self.has_active = False
+        self._share = 0  # tasks in flight a worker may hold (in_order=False)
 
     def begin(self, progress: Progress) -> None:
         """A new epoch's turns. They start after the worker of the last
@@ -63,12 +64,17 @@ class RoundRobin:
             [(progress.next_worker + i) % workers for i in range(workers)])
         self._active = [not (progress.workers and progress.workers[w].ended)
                         for w in range(workers)]
-        self.has_active = any(self._active)
+        self._count_active()
 
     def retire(self, worker_id: int) -> None:
         """``worker_id``'s iterable stream ended: no more tasks this epoch."""
         self._active[worker_id] = False
-        self.has_active = any(self._active)
+        self._count_active()
+
+    def _count_active(self) -> None:
+        active = sum(self._active)
+        self.has_active = active > 0
+        self._share = self._prefetch // max(active, 1)
 
     def next_worker(self, table: TaskTable) -> int:
         """The worker of the next task (``has_active`` must hold)."""
@@ -76,9 +82,8 @@ class RoundRobin:
         if not self._pass_over_busy:
             return worker_id
         in_flight = table.in_flight_per_worker()
-        share = self._prefetch // sum(self._active)
         for _ in range(self._num_workers):
-            if in_flight[worker_id] < share:
+            if in_flight[worker_id] < self._share:
                 break
             worker_id = self._next_active()
         return worker_id

@@ -297,8 +297,9 @@ def _ints_past_int64(batch: Sequence[Any]) -> np.ndarray:
     else OverflowError: no 64-bit integer holds them all."""
     if min(batch) >= 0:
         return np.array(batch, dtype=np.uint64)
+    largest = max(batch)
     raise OverflowError("default_collate: the samples hold negative ints and ints past "
-                        f"int64 (sample {batch.index(max(batch))} is {max(batch)}); no 64-bit "
+                        f"int64 (sample {batch.index(largest)} is {largest}); no 64-bit "
                         "integer holds them all")
 
 
