@@ -172,14 +172,17 @@ def test_exception_in_worker_is_raised_when_its_batch_is_due():
     assert not worker_children()
 
 
-class ExitsAtSeven(fl.Dataset):
-    """The worker that loads index 7 exits (sys.exit), after its earlier batches."""
+class ExitsAt(fl.Dataset):
+    """The worker that loads index ``at`` exits (sys.exit), after its earlier batches."""
+
+    def __init__(self, at):
+        self.at = at
 
     def __len__(self):
         return 20
 
     def __getitem__(self, i):
-        if i == 7:
+        if i == self.at:
             sys.exit(3)
         return i
 
@@ -189,7 +192,7 @@ def test_batches_answered_before_a_death_are_delivered_first():
     batch 2. The loop sleeps meanwhile, so the pool must grow to send the
     next task when it asks again: growing cannot reach the dead worker, but
     that must not cut the epoch short before the answered batches."""
-    loader = fl.DataLoader(ExitsAtSeven(), batch_size=2, num_workers=2)
+    loader = fl.DataLoader(ExitsAt(7), batch_size=2, num_workers=2)
     delivered = []
     with pytest.raises(fl.WorkerDiedError, match="batch 3 of the epoch"):
         for batch in loader:
@@ -197,13 +200,6 @@ def test_batches_answered_before_a_death_are_delivered_first():
             time.sleep(0.3)
     assert delivered == [[0, 1], [2, 3], [4, 5]]
     assert not worker_children()
-
-
-class ExitsAtFive(ExitsAtSeven):
-    def __getitem__(self, i):
-        if i == 5:
-            sys.exit(3)
-        return i
 
 
 def _slow_start_of_worker_1(worker_id):
@@ -216,7 +212,7 @@ def test_a_death_in_a_task_while_iter_awaits_the_others_start_is_raised_by_next(
     for worker 1 to start: iter() returns, batch 0 is delivered, and the
     death is raised by the next() that waits on it (only a death before a
     worker said STARTED is iter()'s)."""
-    loader = fl.DataLoader(ExitsAtFive(), batch_size=2, num_workers=2,
+    loader = fl.DataLoader(ExitsAt(5), batch_size=2, num_workers=2,
                            worker_init_fn=_slow_start_of_worker_1)
     it = iter(loader)
     assert next(it).tolist() == [0, 1]
