@@ -1,3 +1,4 @@
+import gc
 import os
 import sys
 
@@ -27,3 +28,13 @@ def no_distributed_env(monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delitem(sys.modules, "jax", raising=False)
+
+
+@pytest.fixture
+def earlier_garbage_collected():
+    """For tests that count worker processes: an earlier test's pytest.raises
+    info keeps its iterator in a reference cycle (the traceback holds the
+    test's frame, which holds the info), so that iterator's workers live
+    until the cyclic collector runs. Collect it first, so the count is this
+    test's own."""
+    gc.collect()

@@ -15,6 +15,8 @@ import pytest
 
 import fastload as fl
 
+pytestmark = pytest.mark.usefixtures("earlier_garbage_collected")
+
 
 class Sleepy(fl.Dataset):
     """Each sample takes `delay` seconds, so the main process waits on workers."""

@@ -19,6 +19,8 @@ from fastload.errors import CollateError, ShmError, WorkerDiedError
 
 from test_faults import Sleepy, worker_children
 
+pytestmark = pytest.mark.usefixtures("earlier_garbage_collected")
+
 
 class FailsAt(fl.Dataset):
     """Sample ``i`` is ``[i]``; the indices in ``bad`` raise ValueError."""
