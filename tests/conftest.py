@@ -32,9 +32,10 @@ def no_distributed_env(monkeypatch):
 
 @pytest.fixture
 def earlier_garbage_collected():
-    """For tests that count worker processes: an earlier test's pytest.raises
-    info keeps its iterator in a reference cycle (the traceback holds the
-    test's frame, which holds the info), so that iterator's workers live
-    until the cyclic collector runs. Collect it first, so the count is this
-    test's own."""
+    """For tests that count worker processes, threads or descriptors: an
+    earlier test's pytest.raises info keeps its iterator in a reference cycle
+    (the traceback holds the test's frame, which holds the info), so that
+    iterator's workers and descriptors live until the cyclic collector runs,
+    which may be in the middle of a later test. Collect it first, so the
+    count is this test's own."""
     gc.collect()

@@ -26,6 +26,8 @@ from fastload_c.shm import Segment
 
 from _dev_shm import dev_shm_names
 
+pytestmark = pytest.mark.usefixtures("earlier_garbage_collected")
+
 HEADER = struct.Struct("<QI")  # sequence number, crc32 of the payload
 
 

@@ -12,6 +12,8 @@ from fastload_c.shm import Segment, recv_segments, send_segments
 
 from _dev_shm import dev_shm_names
 
+pytestmark = pytest.mark.usefixtures("earlier_garbage_collected")
+
 
 def test_segment_is_writable_shared_memory():
     seg = Segment(1 << 16)

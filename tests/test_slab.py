@@ -17,6 +17,8 @@ from fastload_c.slab import Lease, SlabPool
 
 from _dev_shm import dev_shm_names
 
+pytestmark = pytest.mark.usefixtures("earlier_garbage_collected")
+
 
 def batch_in(pool, samples):
     lease = pool.acquire()

@@ -17,6 +17,8 @@ import pytest
 import fastload as fl
 from fastload._thread_workers import JOIN_SECONDS
 
+pytestmark = pytest.mark.usefixtures("earlier_garbage_collected")
+
 try:
     import torch
 except ImportError:
