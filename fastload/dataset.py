@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from fastload import _seed
-from fastload._gathered import GatheredBatch, GatheredTensors, gather
+from fastload._gathered import GatheredBatch, GatheredTensors, gather, index_array
 from fastload._seed import GeneratorArg
 from fastload._torch import is_tensor, torch_data_class, torch_data_classes, torch_or_none
 from fastload.collate import is_stacked_column
@@ -376,7 +376,7 @@ class Subset(Dataset[T_co]):
     def __getitems__(self, indices: Sequence[int]) -> Sequence[T_co]:
         inner: np.ndarray | list[Any]
         if isinstance(self.indices, np.ndarray):
-            inner = self.indices[np.asarray(indices, dtype=np.intp)]
+            inner = self.indices[index_array(indices)]
         else:
             own = self.indices
             inner = [own[i] for i in indices]

@@ -89,6 +89,21 @@ def test_array_dataset_getitems_gathers_columns(xy):
         ds.__getitems__([10])
 
 
+@pytest.mark.parametrize("indices", [[3, 0, -1], [np.int64(3), 2], [True, False], (1, 2), [],
+                                     [2**70], [-11], np.array([4, 4])])
+def test_array_dataset_getitems_reads_any_index_as_numpy_does(indices):
+    # Plain int lists are read in C; every index means what numpy makes of it.
+    ds, rows = ArrayDataset(np.arange(10) * 10), np.arange(10) * 10
+    try:
+        expected = rows.take(np.asarray(indices, dtype=np.intp), axis=0)
+    except (IndexError, OverflowError) as error:
+        with pytest.raises(type(error)):
+            ds.__getitems__(indices)
+    else:
+        got = ds.__getitems__(indices).columns[0]
+        assert got.dtype == expected.dtype and got.tolist() == expected.tolist()
+
+
 def test_array_dataset_shares_torch_tensors():
     torch = pytest.importorskip("torch", reason="torch tensors as input need torch")
     x = torch.arange(6, dtype=torch.float32).reshape(3, 2).requires_grad_()
