@@ -96,6 +96,7 @@ class _EpochSampler(Sampler[int]):
     _done = 0
     _chunk_len = 0
     _current: Iterator[Any] = iter(())
+    _items: Any = ()  # what _current walks
     # The generator's state while this epoch draws no more from it: read
     # once, not at every state_dict() (a DataLoader takes one per batch,
     # and a torch.Generator's state is 5 KB to copy out). None: read anew.
@@ -122,7 +123,7 @@ class _EpochSampler(Sampler[int]):
             return self._epoch_chunks(rng)
         return self._epoch_chunks(np.random.default_rng(token))
 
-    def _item_iterators(self) -> Iterator[Iterator[Any]]:
+    def _item_iterators(self) -> Iterator[Any]:
         """The epoch's indices as list iterators, in order, positioned after a
         resume and registered so that ``state_dict`` can read the position."""
         if self._resume is not None:
@@ -150,6 +151,7 @@ class _EpochSampler(Sampler[int]):
                 # Counting via the list iterator's remaining length costs
                 # nothing per index, unlike a counter bumped on every yield.
                 self._done, self._chunk_len, self._current = done, len(items), current
+                self._items = items
                 yield current
                 done += len(items)
         # Run out: a state taken now says that the next iteration starts a
@@ -176,6 +178,16 @@ class _EpochSampler(Sampler[int]):
     def _batch_lists(self, batch_size: int, drop_last: bool) -> Iterator[list[int]]:
         batch: list[int] = []
         for current in self._item_iterators():
+            items = self._items
+            if type(items) is list and not batch:
+                # Whole batches sliced from the list, the iterator moved past
+                # each before it is yielded (state_dict reads the iterator).
+                start, size = len(items) - current.__length_hint__(), len(items)
+                while size - start >= batch_size:
+                    end = start + batch_size
+                    current.__setstate__(end)
+                    yield items[start:end]
+                    start = end
             while True:
                 batch.extend(itertools.islice(current, batch_size - len(batch)))
                 if len(batch) < batch_size:
