@@ -2,4 +2,4 @@
 # dropping and retaking it costs more than the copy (NOTE [ Copies and the
 # GIL ] in pack.pyx).
 cdef enum:
-    NOGIL_MIN_BYTES = 32768
+    NOGIL_MIN_BYTES = 131072

@@ -106,7 +106,7 @@ cdef class Ring:
     One process puts and one gets at a time. Blocking calls take a
     ``timeout`` in seconds (None waits forever) and raise TimeoutError when
     it passes. They release the GIL while they wait, and while they copy
-    messages of 32 KiB or more.
+    messages of 128 KiB or more.
 
     ``close()`` is seen by both sides: puts raise RingClosedError, blocked
     calls return at once, and gets deliver what is left, then raise
