@@ -25,14 +25,14 @@ freed or resized while the GIL is released; the C they run touches no
 Python object. Another thread may write into the source arrays meanwhile,
 which is the same race as with np.take (numpy releases the GIL there too).
 A batch of fewer than NOGIL_MIN_BYTES (128 KiB) is copied with the GIL
-held: such a copy takes about ten microseconds or less, less than handing
-the GIL over and taking it back while other threads want it, and a thread
-that lets it go must then wait for it while another thread runs Python;
-worker threads copying small batches would convoy behind the main thread
-that way. Measured with 2 thread workers on 2 cores (ArrayDataset rows,
-256 to a batch), batches of 64 KiB load 1.35x as fast held as released,
-of 133 KiB 1.08x, of 197 KiB 0.93x: past about 150 KiB, letting the
-main thread run during the copy wins.
+held: such a copy takes ten microseconds or so, less than handing the GIL
+over and taking it back while other threads want it (a thread that lets
+it go must then wait while another runs Python); worker threads copying
+small batches would convoy behind the main thread that way. Measured
+with 2 thread workers on 2 cores (ArrayDataset rows, 256 to a batch),
+batches of 64 KiB load 1.35x as fast held as released, of 133 KiB 1.08x,
+of 197 KiB 0.93x: past about 150 KiB, letting the main thread run during
+the copy wins.
 
 NOTE [ Batch layout ]
 A layout is ``pickle.dumps(message, 5)`` with message one of
