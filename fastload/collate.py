@@ -237,13 +237,10 @@ def _collate_numpy_scalars(batch: Sequence[Any], elem: Any) -> np.ndarray:
 
 
 def _collate_floats(batch: Sequence[Any], elem: Any) -> np.ndarray:
-    try:
-        # Inferred first: a real kind means every sample is a number, which
-        # float() reads as numpy's inference does. Forced, None would turn
-        # into NaN and "2.5" into 2.5, silently.
-        out = np.array(batch)
-    except (TypeError, ValueError):
-        out = None
+    # Inferred first: a real kind means every sample is a number, which
+    # float() reads as numpy's inference does. Forced, None would turn into
+    # NaN and "2.5" into 2.5, silently.
+    out = _inferred(batch)
     if out is not None and out.dtype.kind in "biuf":
         return out.astype(np.float64, copy=False)
     if _torch_rules.get():
@@ -261,15 +258,21 @@ def _collate_ints(batch: Sequence[Any], elem: Any) -> np.ndarray:
             # Ints on both sides of 2**63, which numpy rounds to float64.
             numbers = _ints_past_int64(batch)
         return _canonical(numbers)
-    try:
-        out: np.ndarray | None = np.array(batch)
-    except (TypeError, ValueError):
-        out = None
+    out = _inferred(batch)
     if out is None or out.dtype not in (np.int64, np.bool_):
         # A float or a complex among them, an int past int64, or no number:
         # torch's batch, or torch's error.
         return _promoted_as_torch(batch, lambda torch, b: torch.tensor(b))
     return _canonical(out)
+
+
+def _inferred(batch: Sequence[Any]) -> np.ndarray | None:
+    """numpy's array of the samples, its dtype inferred; None where numpy
+    cannot make one of them."""
+    try:
+        return np.array(batch)
+    except (TypeError, ValueError):
+        return None
 
 
 def _numbers(batch: Sequence[Any]) -> np.ndarray:
