@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload import _memory
+from fastload import _cpus, _memory
 from fastload._worker_group import INITIAL_SLOT_BYTES
 from fastload.dataset import ArrayDataset
 from fastload.loader import DataLoader
@@ -62,30 +62,9 @@ class Check:
     details: dict[str, Any]
 
 
-def usable_cpus() -> tuple[int, int, float | None]:
-    """(CPUs this process may run on, CPUs of the machine, the cgroup's CPU
-    quota in CPUs or None when it has none)."""
-    affinity = len(os.sched_getaffinity(0))
-    quota = None
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            limit, period = f.read().split()
-        if limit != "max":
-            quota = int(limit) / int(period)
-    except (OSError, ValueError):
-        pass
-    return affinity, os.cpu_count() or affinity, quota
-
-
-def usable_cpu_count() -> float:
-    """CPUs this process can keep busy: its affinity, capped by any quota."""
-    affinity, _, quota = usable_cpus()
-    return affinity if quota is None else min(affinity, quota)
-
-
 def check_cpus() -> Check:
-    affinity, total, quota = usable_cpus()
-    usable = usable_cpu_count()
+    affinity, total, quota = _cpus.usable_cpus()
+    usable = _cpus.usable_cpu_count()
     details = {"affinity": affinity, "cpu_count": total, "cgroup_quota": quota}
     seen = f"{affinity} of {total} CPUs usable" + (
         f", cgroup quota {quota:g} CPUs" if quota is not None else "")
@@ -149,7 +128,7 @@ def pinned_pool_bytes(workers: int) -> int:
 def check_memlock() -> Check:
     limit = _memory.memlock_limit()
     locked = _memory.locked_bytes()
-    workers = max(1, int(usable_cpu_count()))
+    workers = max(1, int(_cpus.usable_cpu_count()))
     needed = pinned_pool_bytes(workers)
     details = {"limit_bytes": limit, "locked_bytes": locked, "typical_need_bytes": needed,
                "typical_workers": workers, "typical_batch_bytes": TYPICAL_BATCH_BYTES}

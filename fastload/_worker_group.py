@@ -46,7 +46,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from fastload import _memory, _protocol
+from fastload import _cpus, _memory, _protocol
 from fastload._protocol import RESET, RETIRE, SEGMENT
 from fastload._worker_process import worker_main
 from fastload_c import proc
@@ -176,6 +176,7 @@ class WorkerGroup:
         _check_children_are_waitable(context)
         self.num_workers: int = loader.num_workers
         self._task_ring_bytes = _protocol.task_ring_bytes(loader.prefetch_factor)
+        self._ring_spin = _cpus.ring_spin(self.num_workers)
         self.method: str = context.get_start_method()
         self.doorbell = Doorbell()
         self.sigchld = _sigchld_wakes_us(context)
@@ -228,8 +229,9 @@ class WorkerGroup:
             segment.close_fd()  # every worker has it now (see send_segment)
 
     def _start(self, context: Any, config: dict[str, Any], segments: dict[int, Any]) -> None:
-        tasks = Ring(self._task_ring_bytes)
-        results = Ring(RESULT_RING_BYTES, self.doorbell)
+        # Each handle, the worker's too (pickled or forked), spins as set here.
+        tasks = Ring(self._task_ring_bytes, spin=self._ring_spin)
+        results = Ring(RESULT_RING_BYTES, self.doorbell, spin=self._ring_spin)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         process = context.Process(
             target=worker_main, args=(config, tasks, results, theirs, segments),

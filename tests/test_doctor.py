@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from fastload import _doctor
+from fastload import _cpus, _doctor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKS = {"cpus", "start_method", "shared_memory", "memlock", "kernel", "workers", "torch"}
@@ -55,7 +55,7 @@ def test_doctor_text_output_has_a_status_and_advice_per_check():
 LOW_MEMLOCK = r"""
 import os, resource, sys
 import multiprocessing.connection, multiprocessing.popen_fork
-from fastload import _doctor
+from fastload import _cpus, _doctor
 _doctor.check_workers()  # imports what a loader's iterator and workers import
 resource.setrlimit(resource.RLIMIT_MEMLOCK, (8 << 20, 8 << 20))
 os.setgid(65534)
@@ -105,7 +105,7 @@ def test_little_shared_memory_is_reported(monkeypatch, available, status):
 
 
 def test_a_single_cpu_warns(monkeypatch):
-    monkeypatch.setattr(_doctor, "usable_cpus", lambda: (1, 8, None))
+    monkeypatch.setattr(_cpus, "usable_cpus", lambda: (1, 8, None))
     check = _doctor.check_cpus()
     assert check.status == "WARN"
     assert "1 of 8 CPUs" in check.summary and "num_workers=0" in check.advice

@@ -403,3 +403,38 @@ def test_a_new_epoch_serves_the_slot_an_abandoned_task_waits_for():
     time.sleep(0.02)  # the worker is at the large sample now
     firsts = [int(batch[0, 0]) for batch in iter(loader)]
     assert firsts == [0, 1, 2, 3, 4, 5]
+
+
+class RingSpins(fl.Dataset):
+    """Sample i: how long each ring handle in the worker spins before it
+    sleeps (the worker's own handles, found by the collector)."""
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        import gc
+
+        from fastload_c.ring import Ring
+        return np.array(sorted(o.spin for o in gc.get_objects() if isinstance(o, Ring)))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("cpus, spin", [(1, 0.0), (2, 0.0), (3, 20e-6)])
+def test_rings_spin_only_when_every_process_has_a_cpu(monkeypatch, method, cpus, spin):
+    # 2 workers and the main process: spinning needs 3 CPUs (NOTE [ Ring
+    # waiting ] in fastload_c/src/fl_ring.h); a spinner on a shared CPU
+    # only delays the process it waits for.
+    from fastload import _cpus
+    monkeypatch.setattr(_cpus, "usable_cpu_count", lambda: cpus)
+    loader = fl.DataLoader(RingSpins(), batch_size=None, num_workers=2,
+                           multiprocessing_context=method)
+    it = iter(loader)
+    main_spins = [ring.spin for ring in (*it._workers.task_rings, *it._workers.result_rings)]
+    assert main_spins == pytest.approx([spin] * 4)
+    for worker_spins in it:
+        # Its task and result rings (a forked worker also holds the handles
+        # of the workers forked before it).
+        assert len(worker_spins) >= 2
+        assert worker_spins == pytest.approx([spin] * len(worker_spins))

@@ -49,7 +49,12 @@
  * a system call. The default, 20 us, is about what one futex sleep and wake
  * costs (~17 us per hop measured on a KVM guest), so a spin that fails wastes
  * at most what sleeping at once would have cost; bench/bench_ring.py's
- * "ring spin0" column shows what not spinning costs. The call returns
+ * "ring spin0" column shows what not spinning costs. That reasoning needs
+ * the spinner to have a CPU of its own: where it shares one with the peer
+ * it waits for, spinning only delays the peer. So a loader whose processes
+ * outnumber the usable CPUs sets spin 0 (fastload._cpus.ring_spin): on 2
+ * CPUs with 2 workers, tiny batches then came 2x faster and cost the main
+ * process 2 us less CPU each (bench/bench_main_loop.py). The call returns
  * FL_RING_INTR when a signal interrupted the sleep (the caller runs its
  * handlers and calls again with the same deadline).
  *
