@@ -79,258 +79,37 @@ a thread needs no start-up to hide, and the batches are the same either way.
 """
 from __future__ import annotations
 
-import copy
 import os
 import queue
-import random
-import sys
 import threading
-import time
 import weakref
-from collections.abc import Callable
 from typing import Any, NoReturn
 
-import numpy as np
-
-from fastload import _checkpoint, _datapipes, _memory
+from fastload import _checkpoint, _memory
 from fastload._checkpoint import LoaderState, WorkerState
 from fastload._dispatch import RoundRobin, WorkerIter, wait_seconds
-from fastload._fast_path import BatchWriter, Write
-from fastload._fetch import (
-    DatasetKind,
-    create_fetcher,
-    describe_failure,
-    describe_indices,
-    is_stateful,
-)
+from fastload._fetch import describe_indices, is_stateful
 from fastload._iterator import pin_batch, pin_target
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, STARTED
-from fastload._sample_rng import context as sample_context
 from fastload._stats import WorkerStats
 from fastload._task_table import STREAM_ENDED, Task, TaskTable
-from fastload._torch import generator_state
 from fastload._warnings import warn_at_caller
 from fastload._worker_error import WorkerError
-from fastload._worker_info import WorkerInfo, set_thread_worker_info, worker_rng
-from fastload.errors import InvalidArgumentError, WorkerDiedError
-from fastload_c import pack
-from fastload_c.pack import SlotTooSmallError
+from fastload._worker_thread import (
+    GLOBAL_RNG_USED,
+    GLOBAL_RNG_WARNING,
+    INITIAL_SLOT_BYTES,
+    RESET,
+    SLOTS_PER_SEGMENT,
+    TASK,
+    WorkerConfig,
+    WorkerThread,
+    stop_workers,
+)
+from fastload.errors import WorkerDiedError
 
 # How often the waiting main thread checks that its worker threads live.
 LIVENESS_POLL_SECONDS = 0.1
-# How long shutting down waits for the worker threads, all of them together.
-JOIN_SECONDS = 1.0
-# A first guess at the batch size; a batch that needs more raises it.
-INITIAL_SLOT_BYTES = 1 << 16
-# Slots per pool segment: prefetch_factor * num_workers in flight, plus the
-# batches the training loop holds.
-SLOTS_PER_SEGMENT = 8
-
-# Messages to a worker thread: (TASK, task id, index, epoch, slot), (RESET,
-# epoch, DataPipe seed, serial), (STOP,); slot: a slab.Lease for a C writer (NOTE
-# [ Thread workers ]), or None.
-TASK, RESET, STOP = "task", "reset", "stop"
-# A worker thread's note that the global generators moved during its first
-# batch: (GLOBAL_RNG_USED, worker id).
-GLOBAL_RNG_USED = "global rng used"
-
-GLOBAL_RNG_WARNING = (
-    "a dataset loaded by worker threads (worker_method='thread') drew from the global "
-    "random, numpy or torch generator: the threads share it, so what it draws depends on "
-    "their scheduling and differs from worker processes; draw from fastload.sample_rng() "
-    "or get_worker_info().rng instead")
-
-
-def _global_rng_states() -> tuple[Any, ...]:
-    """The states of the generators every thread of the process shares."""
-    torch = sys.modules.get("torch")
-    numpy_state = np.random.get_state(legacy=False)["state"]
-    return (random.getstate(), numpy_state["key"].tobytes(), numpy_state["pos"],
-            None if torch is None
-            else generator_state(torch.default_generator).numpy().tobytes())
-
-
-class _Config:
-    """What every worker thread of one iterator reads and never changes."""
-
-    def __init__(self, loader: Any, base_seed: int) -> None:
-        self.dataset = loader.dataset
-        self.kind: DatasetKind = loader._dataset_kind
-        self.auto_collation: bool = loader._auto_collation
-        self.collate_fn, _ = loader._engine_collation()
-        self.drop_last: bool = loader.drop_last
-        self.batch_size = loader.batch_size if loader._auto_collation else None
-        self.num_workers: int = loader.num_workers
-        self.worker_init_fn = loader.worker_init_fn
-        self.snapshot_every: int = loader.snapshot_every_n_steps
-        self.base_seed = base_seed
-        self.stop = threading.Event()
-
-
-def _replica(dataset: Any) -> Any:
-    """A worker's own copy of an iterable dataset (NOTE [ Thread workers ])."""
-    try:
-        return copy.deepcopy(dataset)
-    except Exception as exc:
-        raise InvalidArgumentError(
-            "worker_method='thread' gives each worker thread its own copy of an "
-            f"IterableDataset (copy.deepcopy), which failed: {exc!r}; give the dataset "
-            "a __deepcopy__ that shares what cannot be copied") from exc
-
-
-class _Worker:
-    """One worker thread: its task queue, fetcher and (iterable dataset)
-    replica. It holds no reference to the iterator."""
-
-    def __init__(self, worker_id: int, config: _Config, results: queue.SimpleQueue[Any],
-                 epoch: int, pipe_seed: int | None, resume: WorkerState | None,
-                 start_state: Any = None) -> None:
-        """``pipe_seed``: the epoch's DataPipe seed (Progress.datapipe_seed);
-        ``start_state``: the replica's dataset state to start from (a
-        persistent-workers run resumed between epochs)."""
-        self.worker_id = worker_id
-        self.config = config
-        self.results = results
-        self.tasks: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        self.map_style = config.kind is DatasetKind.MAP
-        self.dataset = config.dataset if self.map_style else _replica(config.dataset)
-        self.writer = BatchWriter(self.dataset, config.kind, config.auto_collation,
-                                  config.collate_fn)
-        self.fetcher: Any = None
-        self.ended = False
-        self.batches_done = 0
-        self.first_batch = True
-        self.pipe_seed = pipe_seed
-        self.start_state = start_state
-        self.thread = threading.Thread(target=self.run, args=(epoch, resume), daemon=True,
-                                       name=f"fastload-worker-{worker_id}")
-
-    def run(self, epoch: int, resume: WorkerState | None) -> None:
-        config, worker_id = self.config, self.worker_id
-        where = "while starting"
-        try:
-            set_thread_worker_info(WorkerInfo(
-                id=worker_id, num_workers=config.num_workers,
-                seed=(config.base_seed + worker_id) % 2**64, dataset=self.dataset,
-                rng=worker_rng(config.base_seed, worker_id), worker_method="thread"))
-            sample_context.base_seed = config.base_seed
-            sample_context.epoch = epoch
-            if config.worker_init_fn is not None:
-                where = "in worker_init_fn"
-                config.worker_init_fn(worker_id)
-            where = "in its task loop"
-            if self.start_state is not None:
-                self.new_fetcher()
-                _checkpoint.resume_ended_replica(self.fetcher, self.start_state)
-            self.new_fetcher(resume)
-            self.started(0)
-            self.serve()
-        except Exception as exc:
-            self.results.put((FAILED, INIT_TASK, WorkerError(exc, worker_id, where)))
-        finally:
-            set_thread_worker_info(None)
-
-    def started(self, serial: int) -> None:
-        """Say STARTED (NOTE [ Worker protocol ]): set up (serial 0), or the
-        new stream of RESET ``serial`` ready."""
-        self.results.put((STARTED, INIT_TASK, self.worker_id, serial,
-                          _checkpoint.replica_start(self.fetcher)))
-
-    def new_fetcher(self, resume: WorkerState | None = None) -> None:
-        """A fresh fetcher; with ``resume``, an iterable dataset put where a
-        checkpoint left this worker (as a worker process does)."""
-        config = self.config
-        if _datapipes.is_datapipe(self.dataset):
-            seed = _datapipes.epoch_seed(self.pipe_seed, config.base_seed, sample_context.epoch)
-            _datapipes.prepare(self.dataset, seed, config.num_workers, self.worker_id)
-        self.fetcher = create_fetcher(config.kind, self.dataset, config.auto_collation,
-                                      config.collate_fn, config.drop_last)
-        self.ended, self.batches_done = False, 0
-        if resume is not None:
-            _checkpoint.resume_replica(self.fetcher, resume, config.batch_size)
-            self.ended, self.batches_done = resume.ended, resume.yielded
-
-    def serve(self) -> None:
-        stop = self.config.stop
-        while True:
-            message = self.tasks.get()
-            if message[0] == STOP or stop.is_set():
-                return
-            if message[0] == RESET:
-                sample_context.epoch, self.pipe_seed = message[1], message[2]
-                if not self.map_style:
-                    self.new_fetcher()
-                self.started(message[3])
-                continue
-            sample_context.epoch = message[3]
-            self.load(message[1], message[2], message[4])
-
-    def load(self, task_id: int, index: Any, slot: Any) -> None:
-        fetcher = self.fetcher
-        if self.ended:
-            self.results.put((ENDED, task_id, fetcher.state()))
-            return
-        watched = _global_rng_states() if self.first_batch else None
-        self.first_batch = False
-        started = time.perf_counter()
-        try:
-            fast, general = self.writer.plan(fetcher, index)
-            fetched = time.perf_counter()
-            batch, needed = _batch_in(fast, general, slot)
-        except StopIteration:
-            self.ended = True
-            self.results.put((ENDED, task_id, fetcher.state()))
-            return
-        except Exception as exc:
-            # The batch is delivered as its exception; the epoch goes on.
-            self.batches_done += 1
-            self.results.put((FAILED, task_id, WorkerError(
-                exc, self.worker_id, describe_failure(index))))
-            return
-        if watched is not None and _global_rng_states() != watched:
-            self.results.put((GLOBAL_RNG_USED, self.worker_id))
-        self.batches_done += 1
-        has_state, state = _checkpoint.replica_snapshot(fetcher, self.batches_done,
-                                                        self.config.snapshot_every)
-        self.results.put((DONE, task_id, batch, fetched - started,
-                          time.perf_counter() - fetched, has_state, state,
-                          getattr(fetcher, "ended", False), needed))
-
-
-def _batch_in(fast: Write | None, general: Callable[[], Any], slot: Any) -> tuple[Any, int]:
-    """A worker thread's batch and the slot size it asks for (NOTE [ Thread
-    workers ]): written by the C writer ``fast`` into ``slot`` (a Lease) and
-    viewed there; when the slot is too small, or None (the pool is at its
-    cap), into private memory of the size it needs, which is also returned
-    (for a Lease) so that later slots hold it; where there is no C writer,
-    or it raised, the general path's batch (NOTE [ Fast paths ])."""
-    if fast is None:
-        return general(), 0
-    capacity = 0 if slot is None else slot.capacity
-    target = bytearray() if slot is None else slot
-    try:
-        try:
-            return pack.unpack(target, fast(target, 0, capacity)), 0
-        except SlotTooSmallError as small:
-            # A memoryview: the batch's arrays keep the memory alive through
-            # it, and nothing can resize it under them.
-            private = memoryview(bytearray(small.needed))
-            batch = pack.unpack(private, fast(private, 0, small.needed))
-            return batch, 0 if slot is None else small.needed
-    except Exception:
-        return general(), 0
-
-
-def _stop_workers(workers: list[_Worker], stop: threading.Event) -> None:
-    """Tell every worker thread to stop, and wait for them, in all at most
-    JOIN_SECONDS (NOTE [ Thread workers ])."""
-    stop.set()
-    for worker in workers:
-        worker.tasks.put((STOP,))
-    deadline = time.monotonic() + JOIN_SECONDS
-    for worker in workers:
-        if worker.thread.is_alive() and worker.thread is not threading.current_thread():
-            worker.thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class ThreadIter(WorkerIter):
@@ -355,12 +134,12 @@ class ThreadIter(WorkerIter):
             resumed = list(progress.workers)
         if resume is None:
             self._record_shared_start()
-        config = _Config(loader, self._base_seed)
+        config = WorkerConfig(loader, self._base_seed)
         self._workers = [
-            _Worker(i, config, self._results, progress.epoch, progress.datapipe_seed, resumed[i],
+            WorkerThread(i, config, self._results, progress.epoch, progress.datapipe_seed, resumed[i],
                     None if start_states is None else start_states[i])
             for i in range(workers)]
-        self._stop_all = weakref.finalize(self, _stop_workers, self._workers, config.stop)
+        self._stop_all = weakref.finalize(self, stop_workers, self._workers, config.stop)
         # Slots for the batches C writes (NOTE [ Thread workers ]), and the
         # size the last batch too large for its slot asked for.
         self._slots = (_memory.new_pool(INITIAL_SLOT_BYTES, slots_per_segment=SLOTS_PER_SEGMENT)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import fastload as fl
-from fastload._thread_workers import JOIN_SECONDS
+from fastload._worker_thread import JOIN_SECONDS
 
 pytestmark = pytest.mark.usefixtures("earlier_garbage_collected")
 
@@ -504,7 +504,7 @@ def test_gathered_batches_view_reused_slots_that_live_as_long_as_their_views():
 
 
 def test_a_batch_larger_than_its_slot_is_delivered_and_later_slots_hold_it():
-    from fastload._thread_workers import INITIAL_SLOT_BYTES
+    from fastload._worker_thread import INITIAL_SLOT_BYTES
     from fastload_c.slab import Lease
 
     row_bytes = 4096
