@@ -10,8 +10,8 @@ contenders fastload, fastload-thread (with workers only), torch and
 python-mp with 0, 1 and 2 workers, plus memcpy beside the bandwidth-bound
 workloads and np.take beside the small rows; every measurement in a fresh
 process, the contenders of one cell in rotating order, peak PSS sampled.
-Then checks issue 5's and issue 16's targets on ratios paired within each
-repeat.
+Then checks the targets of issues 5, 16 and 18 on ratios paired within
+each repeat.
 """
 from __future__ import annotations
 
@@ -32,10 +32,12 @@ MEMCPY_SHARE = 0.5
 NEXT_EPOCH_SECONDS = 0.002
 # Issue 16, on two cores: decoding JPEGs with 2 workers against fastload's
 # own 0 workers and against torch; issue 18: small rows with 2 worker
-# threads against one process's np.take of the same bytes.
+# threads against one process's np.take of the same bytes, and JPEGs with
+# 2 worker threads against 2 worker processes (rate, and lower peak PSS).
 JPEG_OVER_SINGLE_PROCESS = 1.9
 JPEG_OVER_TORCH = 1.0
 ROWS_THREADS_TAKE_SHARE = 0.5
+JPEG_THREADS_OVER_PROCESSES = 0.9
 REAL_DATA = ["jpeg", "torchvision", "hf", "memmap", "rows"]
 
 
@@ -47,7 +49,8 @@ def _target(name: str, value: float | None, goal: float, unit: str = "x",
 
 
 def targets(outcome: runner.Outcome) -> list[dict[str, Any]]:
-    """Issue 5's targets, each with the measured value (None: not measured)."""
+    """Issues 5, 16 and 18's targets, each with the measured value (None: not
+    measured)."""
     m = outcome.measurements
 
     def ratio(numerator: tuple[str, str, int], denominator: tuple[str, str, int],
@@ -74,6 +77,11 @@ def targets(outcome: runner.Outcome) -> list[dict[str, Any]]:
     found.append(_target(f"rows: MB/s of fastload-thread {WORKERS} workers / np.take of the same rows",
                          ratio(("rows", "fastload-thread", WORKERS), ("rows", TAKE, 0), "mb_per_s"),
                          ROWS_THREADS_TAKE_SHARE))
+    threads, processes = ("jpeg", "fastload-thread", WORKERS), ("jpeg", "fastload", WORKERS)
+    found.append(_target(f"jpeg: samples/s of fastload-thread / fastload, {WORKERS} workers",
+                         ratio(threads, processes), JPEG_THREADS_OVER_PROCESSES))
+    found.append(_target(f"jpeg, {WORKERS} workers: peak PSS of the tree, fastload / "
+                         "fastload-thread", ratio(processes, threads, "peak_pss"), 1.0))
     summary = runner.summarize(outcome)
     for workload in outcome.plan.workloads:
         for workers in outcome.plan.workers:
@@ -135,7 +143,7 @@ def main() -> int:
     outcome = runner.run(plan, progress=report.ProgressBar())
     print(report.table(outcome))
     found = targets(outcome)
-    print("\nissue 5 and 16 targets (ratios are medians of ratios paired within a repeat):")
+    print("\nissue 5, 16 and 18 targets (ratios are medians of ratios paired within a repeat):")
     for target in found:
         print("  " + describe(target))
     data = report.as_json(outcome)

@@ -9,10 +9,11 @@ object itself crosses to the main thread. The main thread owns the
 order exactly as with worker processes: it draws indices, sends each task
 to the next worker (round robin, ``prefetch_factor`` tasks per worker;
 with ``in_order=False`` an idle one), and delivers in task order.
-Persistent thread workers do not look ahead into the next epoch
-(``prefetch_next_epoch``, NOTE [ Epoch lookahead ] in fastload._lookahead,
-is for worker processes):
-a thread needs no start-up to hide, and the batches are the same either way.
+With ``prefetch_next_epoch``, persistent thread workers look ahead into the
+next epoch as worker processes do (NOTE [ Epoch lookahead ] in
+fastload._lookahead), except over a map-style dataset with a state: the
+threads share it, so the state taken at the next ``iter()`` would hold the
+lookahead's reads.
 
 * **The dataset.** A map-style dataset is shared by every thread, as in
   torch's thread workers: ``dataset[i]`` may run in several threads at
@@ -86,10 +87,11 @@ import weakref
 from typing import Any, NoReturn
 
 from fastload import _checkpoint, _memory
-from fastload._checkpoint import LoaderState, WorkerState
+from fastload._checkpoint import NO_SNAPSHOT, LoaderState, WorkerState
 from fastload._dispatch import RoundRobin, WorkerIter, wait_seconds
 from fastload._fetch import describe_indices, is_stateful
 from fastload._iterator import pin_batch, pin_target
+from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, STARTED
 from fastload._stats import WorkerStats
 from fastload._task_table import STREAM_ENDED, Task, TaskTable
@@ -147,6 +149,13 @@ class ThreadIter(WorkerIter):
         self._slot_bytes = 0
         self._started = 0  # threads that said STARTED to the latest RESET (or set-up)
         self._resets = 0  # RESETs sent: the serial their STARTED answers carry
+        # NOTE [ Epoch lookahead ]: not over a map-style dataset with a state,
+        # which the threads share: a state taken at iter() would then hold
+        # the next epoch's first batches already read.
+        self._may_look_ahead = (loader.prefetch_next_epoch and self._map_style
+                                and not is_stateful(self._dataset))
+        self._lookahead: LookaheadTasks | None = None
+        self._carried = CarriedTasks()
         for worker in self._workers:
             worker.thread.start()
         self._begin_epoch()
@@ -190,21 +199,25 @@ class ThreadIter(WorkerIter):
             self._dispatch()
 
     def _reset(self, loader: Any) -> None:
-        """Persistent workers: a new epoch on the same threads. Tasks still in
-        flight finish first (each thread takes its messages in order); their
+        """Persistent workers: a new epoch on the same threads, adopting the
+        lookahead's tasks if it guessed it. Other tasks still in flight
+        finish first (each thread takes its messages in order); their
         batches are dropped when they arrive."""
         super()._reset(loader)
         if not self._map_style:
             self._progress.workers, _ = _checkpoint.worker_states(
                 None, len(self._workers), tracked=True)
+        lookahead, self._lookahead = self._lookahead, None
+        if lookahead is not None and lookahead.epoch == self._progress.epoch:
+            self._carried = CarriedTasks(lookahead.tasks)
+        else:
+            lookahead, self._carried = None, CarriedTasks()
+        carried = self._carried.ids()
         table = self._table
-        table.abandon([*table.in_flight, *table.ready])
+        table.abandon([t for t in (*table.in_flight, *table.ready) if t not in carried])
         table.stale.clear()  # their answers are dropped when they arrive
-        self._started = 0
-        self._resets += 1
-        for worker in self._workers:
-            worker.tasks.put((RESET, self._progress.epoch, self._progress.datapipe_seed,
-                              self._resets))
+        if lookahead is None:  # a lookahead sent this already
+            self._reset_workers(self._progress.epoch, self._progress.datapipe_seed)
         # Each thread answers once done with its abandoned tasks: then the
         # shared dataset is where the new epoch starts, and so is each
         # stream (their STARTED), for a state taken now.
@@ -212,20 +225,73 @@ class ThreadIter(WorkerIter):
         self._record_shared_start()
         self._begin_epoch()
 
+    def _reset_workers(self, epoch: int, pipe_seed: int | None) -> int:
+        """RESET every thread; the serial their STARTED answers will carry."""
+        self._started = 0
+        self._resets += 1
+        for worker in self._workers:
+            worker.tasks.put((RESET, epoch, pipe_seed, self._resets))
+        return self._resets
+
     def _dispatch(self) -> None:
-        """Send the next batch's task to the next active worker, if any."""
+        """Send the next batch's task to the next active worker, if any;
+        once the sampler ran out, the next lookahead task."""
+        if self._draw.done:
+            self._dispatch_lookahead()
+            return
         if not self._round_robin.has_active:
             return
         drawn = self._draw.next()
         if drawn is None:
+            self._table.abandon(self._carried.drop())
+            self._start_lookahead()
+            self._dispatch_lookahead()
             return
         index, position, snapshot = drawn
-        table, slots = self._table, self._slots
+        table = self._table
         worker_id = self._round_robin.next_worker(table)
-        task_id = table.add(Task(worker_id, index, None, position, snapshot))
+        task_id = None
+        if self._carried.tasks:
+            task_id, dropped = self._carried.adopt(index, worker_id)
+            table.abandon(dropped)
+        if task_id is None:
+            task_id = self._send_task(worker_id, index, position, snapshot,
+                                      self._progress.epoch)
+        else:
+            task = table.get(task_id)
+            assert task is not None  # carried tasks are in flight or ready
+            task.sampler_state, task.position = snapshot, position
         table.order.append(task_id)
+
+    def _send_task(self, worker_id: int, index: Any, position: int | None, snapshot: Any,
+                   epoch: int) -> int:
+        slots = self._slots
+        task_id = self._table.add(Task(worker_id, index, None, position, snapshot))
         slot = None if slots is None else slots.acquire(self._slot_bytes)
-        self._workers[worker_id].tasks.put((TASK, task_id, index, self._progress.epoch, slot))
+        self._workers[worker_id].tasks.put((TASK, task_id, index, epoch, slot))
+        return task_id
+
+    def _start_lookahead(self) -> None:
+        """Guess the next epoch's first batches (NOTE [ Epoch lookahead ])."""
+        if not self._may_look_ahead:
+            return
+        head = next_epoch_head(self._index_sampler, self._prefetch)
+        if not head:
+            return
+        epoch = self._progress.epoch + 1
+        # Map-style only: no drawn DataPipe seed (_datapipes.epoch_seed).
+        serial = self._reset_workers(epoch, None)
+        self._lookahead = LookaheadTasks(epoch, head, len(self._workers), serial)
+
+    def _dispatch_lookahead(self) -> None:
+        """The next lookahead task, in place of a delivered batch."""
+        lookahead = self._lookahead
+        if lookahead is None or not lookahead.indices:
+            return
+        index = lookahead.indices.popleft()
+        worker_id = next(lookahead.workers)
+        task_id = self._send_task(worker_id, index, None, NO_SNAPSHOT, lookahead.epoch)
+        lookahead.tasks.append((task_id, index, worker_id))
 
     def _next_data(self) -> Any:
         if not self.reusable:

@@ -73,7 +73,7 @@ class DataLoader(Generic[T_co]):
       into a numpy array or a tensor, sharing its memory.
     * ``snapshot_every_n_steps``: how often a checkpointable loader records
       its state, as in torchdata's StatefulDataLoader.
-    * ``prefetch_next_epoch``: with persistent worker processes, start on the
+    * ``prefetch_next_epoch``: with persistent workers, start on the
       next epoch's first batches once an epoch's sampler has run out, before
       its ``iter()`` (NOTE [ Epoch lookahead ] in fastload._lookahead). Off by
       default: those batches are then read before anything the program
@@ -154,9 +154,9 @@ class DataLoader(Generic[T_co]):
                 f"(num_workers={num_workers}); got 0")
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
-        if prefetch_next_epoch and (not persistent_workers or worker_method == "thread"):
-            raise ValueError("prefetch_next_epoch needs persistent worker processes "
-                             "(persistent_workers=True, worker_method='multiprocessing')")
+        if prefetch_next_epoch and not persistent_workers:
+            raise ValueError("prefetch_next_epoch needs persistent workers "
+                             "(num_workers > 0, persistent_workers=True)")
         if output is not None and output not in _OUTPUTS:
             raise ValueError(
                 f"output should be None or one of {_OUTPUTS}, but got output={output!r}")

@@ -176,8 +176,14 @@ class PlainRandomSampler(fl.RandomSampler):
     """A sampler type the look ahead does not know: loading without it."""
 
 
+# Worker processes of each start method, and worker threads.
+WORKERS = {"fork": {"multiprocessing_context": "fork"},
+           "spawn": {"multiprocessing_context": "spawn"},
+           "thread": {"worker_method": "thread"}}
+
+
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", sorted(WORKERS))
 def test_first_batches_of_a_new_epoch_are_loaded_before_iter(tmp_path, method):
     def shuffled(log_dir, sampler_type):
         # shuffle=True with generator=11, the sampler's type chosen.
@@ -186,7 +192,7 @@ def test_first_batches_of_a_new_epoch_are_loaded_before_iter(tmp_path, method):
         sampler = sampler_type(dataset, generator=generator)
         return fl.DataLoader(dataset, batch_size=4, sampler=sampler, generator=generator,
                              num_workers=2, persistent_workers=True, prefetch_next_epoch=True,
-                             multiprocessing_context=method)
+                             **WORKERS[method])
 
     reference = shuffled(tmp_path, PlainRandomSampler)
     want = [[b.tolist() for b in reference] for _ in range(3)]
@@ -247,21 +253,24 @@ def reseed(loader, epoch):
         100 + epoch).bit_generator.state
 
 
-def distributed(tmp_path, workers, between):
+def distributed(tmp_path, workers, **method):
     dataset = Logged(tmp_path, n=30)
     sampler = fl.DistributedSampler(dataset, num_replicas=2, rank=1, seed=3)
     return fl.DataLoader(dataset, batch_size=3, sampler=sampler, num_workers=workers,
-                         persistent_workers=workers > 0, prefetch_next_epoch=workers > 0)
+                         persistent_workers=workers > 0, prefetch_next_epoch=workers > 0,
+                         **method)
 
 
-def weighted(tmp_path, workers, between):
+def weighted(tmp_path, workers, **method):
     dataset = Logged(tmp_path, n=30)
     sampler = fl.WeightedRandomSampler(np.arange(1, 31), 17, generator=np.random.default_rng(4))
     return fl.DataLoader(dataset, batch_size=2, sampler=sampler, num_workers=workers,
-                         persistent_workers=workers > 0, prefetch_next_epoch=workers > 0)
+                         persistent_workers=workers > 0, prefetch_next_epoch=workers > 0,
+                         **method)
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["fork", "thread"])
 @pytest.mark.parametrize("make, between, guessed", [
     (distributed, set_epoch, True),
     (distributed, set_epoch_backwards, False),
@@ -269,11 +278,11 @@ def weighted(tmp_path, workers, between):
     (weighted, reseed, False),
 ])
 def test_epochs_equal_loading_without_workers_whether_the_guess_is_right(
-        tmp_path, make, between, guessed):
-    want = reference_epochs(lambda w: make(tmp_path, w, between), between, 4)
+        tmp_path, make, between, guessed, method):
+    want = reference_epochs(lambda w: make(tmp_path, w), between, 4)
     for name in os.listdir(tmp_path):
         os.remove(tmp_path / name)
-    loader = make(tmp_path, 2, between)
+    loader = make(tmp_path, 2, **WORKERS[method])
     got = reference_epochs(lambda w: loader, between, 4)
     assert got == want
     delivered = sum(len(batch) for epoch in want for batch in epoch)
@@ -287,11 +296,11 @@ def test_epochs_equal_loading_without_workers_whether_the_guess_is_right(
     assert loads(tmp_path) == delivered + extra
 
 
-def failing_loader(tmp_path, fail_at):
+def failing_loader(tmp_path, fail_at, method):
     sampler = fl.WeightedRandomSampler(np.ones(200), 8, generator=np.random.default_rng(12))
     return fl.DataLoader(Logged(tmp_path, n=200, fail_at=fail_at), batch_size=2,
                          sampler=sampler, num_workers=2, persistent_workers=True,
-                         prefetch_next_epoch=True)
+                         prefetch_next_epoch=True, **WORKERS[method])
 
 
 def sampled_epochs(epochs):
@@ -300,10 +309,11 @@ def sampled_epochs(epochs):
 
 
 @pytest.mark.timeout(60)
-def test_a_failure_in_a_wrong_guess_is_never_raised(tmp_path):
+@pytest.mark.parametrize("method", ["fork", "thread"])
+def test_a_failure_in_a_wrong_guess_is_never_raised(tmp_path, method):
     first, guessed = sampled_epochs(2)
     broken = next(i for i in guessed[:2] if i not in first)
-    loader = failing_loader(tmp_path, {broken})
+    loader = failing_loader(tmp_path, {broken}, method)
     assert sum(len(b) for b in loader) == 8
     # The guessed epoch, up to the broken sample in the first batch.
     wait_for_loads(tmp_path, 8 + 6 + guessed.index(broken) + 1)
@@ -314,10 +324,11 @@ def test_a_failure_in_a_wrong_guess_is_never_raised(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_a_failure_in_a_right_guess_is_raised_when_its_batch_is_due(tmp_path):
+@pytest.mark.parametrize("method", ["fork", "thread"])
+def test_a_failure_in_a_right_guess_is_raised_when_its_batch_is_due(tmp_path, method):
     first, second = sampled_epochs(2)
     broken = next(i for i in second[2:4] if i not in first and i not in second[:2])
-    loader = failing_loader(tmp_path, {broken})
+    loader = failing_loader(tmp_path, {broken}, method)
     assert sum(len(b) for b in loader) == 8  # its failure was loaded meanwhile
     it = iter(loader)
     assert next(it).tolist() == second[:2]
@@ -326,13 +337,44 @@ def test_a_failure_in_a_right_guess_is_raised_when_its_batch_is_due(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_no_lookahead_for_a_sampler_it_does_not_know(tmp_path):
+@pytest.mark.parametrize("method", ["fork", "thread"])
+def test_no_lookahead_for_a_sampler_it_does_not_know(tmp_path, method):
     loader = fl.DataLoader(Logged(tmp_path, n=12), batch_size=2, sampler=Reversed(12),
-                           num_workers=2, persistent_workers=True, prefetch_next_epoch=True)
+                           num_workers=2, persistent_workers=True, prefetch_next_epoch=True,
+                           **WORKERS[method])
     assert [i for b in loader for i in b.tolist()] == list(range(11, -1, -1))
     time.sleep(0.2)
     assert loads(tmp_path) == 12
     assert [i for b in loader for i in b.tolist()] == list(range(11, -1, -1))
+
+
+class StatefulLogged(Logged):
+    """Logged with a state: the count of samples read."""
+
+    def __getitem__(self, i):
+        self.read = getattr(self, "read", 0) + 1
+        return super().__getitem__(i)
+
+    def state_dict(self):
+        return {"read": getattr(self, "read", 0)}
+
+    def load_state_dict(self, state):
+        self.read = state["read"]
+
+
+@pytest.mark.timeout(60)
+def test_threads_do_not_look_ahead_over_a_shared_dataset_with_a_state(tmp_path):
+    # The threads share the dataset: a state taken at the next iter() would
+    # hold the lookahead's reads. Worker processes read their own replicas.
+    dataset = StatefulLogged(tmp_path, n=12)
+    loader = fl.DataLoader(dataset, batch_size=2, num_workers=2, persistent_workers=True,
+                           prefetch_next_epoch=True, worker_method="thread")
+    assert [i for b in loader for i in b.tolist()] == list(range(12))
+    time.sleep(0.2)
+    assert loads(tmp_path) == 12
+    it = iter(loader)
+    assert loader.state_dict()["dataset"] == {"read": 12}
+    assert [i for b in it for i in b.tolist()] == list(range(12))
 
 
 class SharedLevel(fl.Dataset):
@@ -364,10 +406,9 @@ def test_by_default_an_epoch_is_loaded_after_its_iter():
 
 
 @pytest.mark.parametrize("kwargs", [{"num_workers": 2},
-                                    {"num_workers": 2, "persistent_workers": True,
-                                     "worker_method": "thread"}])
-def test_prefetch_next_epoch_needs_persistent_worker_processes(kwargs):
-    with pytest.raises(ValueError, match="prefetch_next_epoch needs persistent worker"):
+                                    {"num_workers": 2, "worker_method": "thread"}])
+def test_prefetch_next_epoch_needs_persistent_workers(kwargs):
+    with pytest.raises(ValueError, match="prefetch_next_epoch needs persistent workers"):
         fl.DataLoader(range(4), prefetch_next_epoch=True, **kwargs)
 
 

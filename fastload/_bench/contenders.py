@@ -2,9 +2,9 @@
 
 A contender is a function ``(dataset, batch_size, workers, collate_fn) ->
 loader`` whose loader yields one shuffled epoch per ``iter()`` and keeps its
-workers between epochs (persistent workers; fastload's worker processes
-also with ``prefetch_next_epoch``); ``collate_fn`` None means the loader's
-default.
+workers between epochs (persistent workers; fastload's, processes and
+threads, also with ``prefetch_next_epoch``); ``collate_fn`` None means the
+loader's default.
 """
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def fastload_thread_loader(dataset: Any, batch_size: int, workers: int,
                            collate_fn: Any = None) -> Any:
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, collate_fn=collate_fn,
                       num_workers=workers, persistent_workers=workers > 0,
-                      worker_method="thread")
+                      prefetch_next_epoch=workers > 0, worker_method="thread")
 
 
 def torch_loader(dataset: Any, batch_size: int, workers: int, collate_fn: Any = None) -> Any:
