@@ -138,8 +138,8 @@ class ThreadIter(WorkerIter):
             self._record_shared_start()
         config = WorkerConfig(loader, self._base_seed)
         self._workers = [
-            WorkerThread(i, config, self._results, progress.epoch, progress.datapipe_seed, resumed[i],
-                    None if start_states is None else start_states[i])
+            WorkerThread(i, config, self._results, progress.epoch, progress.datapipe_seed,
+                         resumed[i], None if start_states is None else start_states[i])
             for i in range(workers)]
         self._stop_all = weakref.finalize(self, stop_workers, self._workers, config.stop)
         # Slots for the batches C writes (NOTE [ Thread workers ]), and the
