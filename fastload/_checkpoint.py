@@ -88,6 +88,7 @@ from fastload._fetch import (
     skip_batches,
 )
 from fastload.errors import StateMismatchError
+from fastload.sampler import BatchSampler
 
 STATE_VERSION = 3
 # Fields an older state lacks, by its version, with the value that means what
@@ -105,7 +106,11 @@ NO_SNAPSHOT = object()
 
 
 def sampler_state_getter(sampler: Any) -> Callable[[], Any] | None:
-    """The sampler's state_dict method, or None for a sampler that keeps none."""
+    """The sampler's state_dict method, or None for a sampler that keeps
+    none (fastload's BatchSampler over one included: its state_dict()
+    answers None, and a DataLoader would call it at every snapshot step)."""
+    if type(sampler) is BatchSampler and sampler_state_getter(sampler.sampler) is None:
+        return None
     getter = getattr(sampler, "state_dict", None)
     return getter if callable(getter) else None
 

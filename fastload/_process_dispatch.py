@@ -209,8 +209,9 @@ class ProcessDispatcher:
                 return None
             if not waiting:  # the timeout counts from the first wait
                 deadline, waiting = deadline_after(self._timeout), True
-            awaited = table.in_flight.get(table.order[0]) if self._in_order else None
-            self._settle(awaited.worker_id if awaited is not None else None)
+            if self._needs or self._owed:
+                awaited = table.in_flight.get(table.order[0]) if self._in_order else None
+                self._settle(awaited.worker_id if awaited is not None else None)
             self._pump(deadline)
 
     def held_by(self, worker_id: int) -> Task | None:
