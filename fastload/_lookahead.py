@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from fastload._task_table import TaskTable
 from fastload._torch import (
     generator_state,
     set_generator_state,
@@ -180,6 +181,25 @@ class CarriedTasks:
             self.tasks.popleft()
             return task_id, []
         return None, self.drop()
+
+    def adopt_into(self, table: TaskTable, index: Any, worker_id: int, position: int,
+                   sampler_state: Any) -> int | None:
+        """The carried task that loads ``index`` on ``worker_id``, made the
+        epoch's batch at ``position`` (with the sampler's ``sampler_state``)
+        if the guess was right; else None, and the tasks given up are
+        abandoned in ``table``."""
+        task_id, dropped = self.adopt(index, worker_id)
+        table.abandon(dropped)
+        if task_id is not None:
+            task = table.get(task_id)
+            assert task is not None  # carried tasks are in flight or ready
+            task.sampler_state, task.position = sampler_state, position
+        return task_id
+
+    def abandon_others(self, table: TaskTable) -> None:
+        """Give up every task of ``table`` in flight or ready but these."""
+        carried = self.ids()
+        table.abandon([t for t in (*table.in_flight, *table.ready) if t not in carried])
 
     def drop(self) -> list[int]:
         """Give every carried task up; their ids."""

@@ -159,9 +159,8 @@ class ProcessDispatcher:
             self._started = len(lookahead.starts)
         else:
             lookahead, self._carried = None, CarriedTasks()
-        carried = self._carried.ids()
         table = self.table
-        table.abandon([t for t in (*table.in_flight, *table.ready) if t not in carried])
+        self._carried.abandon_others(table)
         # Abandoned tasks hold their slots until their worker answers: wait
         # for all but one epoch's worth, so that iter() after iter() without
         # next() cannot grow the pool (or the rings) for ever.
@@ -255,16 +254,10 @@ class ProcessDispatcher:
         worker_id = self._round_robin.next_worker(self.table)
         task_id = None
         if self._carried.tasks:
-            task_id, dropped = self._carried.adopt(index, worker_id)
-            self.table.abandon(dropped)
+            task_id = self._carried.adopt_into(self.table, index, worker_id, position, snapshot)
         if task_id is None:
             lease = lease or self.workers.pool.acquire() or self._acquire_at_cap()
             task_id = self._send_task(worker_id, index, lease, position, snapshot)
-        else:
-            task = self.table.get(task_id)
-            assert task is not None  # carried tasks are in flight or ready
-            task.sampler_state = snapshot
-            task.position = position
         self.table.order.append(task_id)
 
     def _send_task(self, worker_id: int, index: Any, lease: Any, position: int | None,

@@ -212,9 +212,8 @@ class ThreadIter(WorkerIter):
             self._carried = CarriedTasks(lookahead.tasks)
         else:
             lookahead, self._carried = None, CarriedTasks()
-        carried = self._carried.ids()
         table = self._table
-        table.abandon([t for t in (*table.in_flight, *table.ready) if t not in carried])
+        self._carried.abandon_others(table)
         table.stale.clear()  # their answers are dropped when they arrive
         if lookahead is None:  # a lookahead sent this already
             self._reset_workers(self._progress.epoch, self._progress.datapipe_seed)
@@ -252,15 +251,10 @@ class ThreadIter(WorkerIter):
         worker_id = self._round_robin.next_worker(table)
         task_id = None
         if self._carried.tasks:
-            task_id, dropped = self._carried.adopt(index, worker_id)
-            table.abandon(dropped)
+            task_id = self._carried.adopt_into(table, index, worker_id, position, snapshot)
         if task_id is None:
             task_id = self._send_task(worker_id, index, position, snapshot,
                                       self._progress.epoch)
-        else:
-            task = table.get(task_id)
-            assert task is not None  # carried tasks are in flight or ready
-            task.sampler_state, task.position = snapshot, position
         table.order.append(task_id)
 
     def _send_task(self, worker_id: int, index: Any, position: int | None, snapshot: Any,
