@@ -170,9 +170,9 @@ def batch_slot_bytes(dataset: Any, batch_size: Optional[int]) -> Optional[int]:
     known before any batch is made: rows of ``gathered_columns`` (a
     numeric ``ArrayDataset``, say), which workers gather whole into their
     slot. A pool
-    whose first slots are that size never grows them, and so never adds the
-    eighth of headroom a grown slot gets for batches that vary. None
-    elsewhere: the first batch that needs more raises the size."""
+    whose first slots are that size never grows them. None elsewhere: the
+    first batch that needs more raises the size (to exactly its own; see
+    fastload_c.slab for batches that vary)."""
     columns = gathered_columns(dataset)
     if columns is None or not batch_size:
         return None

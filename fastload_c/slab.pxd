@@ -13,7 +13,7 @@ cdef extern from "fl_slab.h" nogil:
     uint32_t fl_slots_free_count(const fl_slots *slots)
     uint32_t fl_slots_count(const fl_slots *slots)
     size_t fl_slab_round_slot(size_t size, size_t page)
-    size_t fl_slab_grown_slot_size(size_t current, size_t need, size_t page)
+    size_t fl_slab_grown_slot_size(size_t current, size_t need, size_t page, int headroom)
 
 
 # One segment of the pool, cut into equal slots, and which of them are free.
@@ -42,6 +42,7 @@ cdef class SlabPool:
     cdef readonly uint32_t slots_per_segment
     cdef int _next_id
     cdef bint _closed
+    cdef bint _sized_by_batch     # the slot size came from a batch's need
     cdef object _on_segment
     cdef object _on_retire
     cdef Lease _take(self, _SlabSegment seg)

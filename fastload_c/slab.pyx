@@ -38,7 +38,11 @@ beyond that acquire() returns None and the caller copies out (gives that
 batch private memory) instead of waiting for a user who may never let go.
 When a batch does not fit, acquire(nbytes) raises the slot size; segments of
 the old size get no new leases and are dropped (on_retire tells the caller,
-so workers can unmap them) once all their slots are free. A Lease keeps its
+so workers can unmap them) once all their slots are free. The first raise
+gives slots of exactly the batch's size (page-rounded): batches of a fixed
+size, the usual case, then waste nothing. Only a batch larger than that
+one shows that they vary; from then on each raise adds an eighth of
+headroom, so a few large batches cannot make the slots grow again and again. A Lease keeps its
 segment mapped on its own, so closing the pool while batches are held is
 safe.
 
@@ -161,7 +165,7 @@ cdef class SlabPool:
             raise ValueError("SlabPool is closed")
         cdef size_t grown
         if nbytes > self.slot_size:
-            grown = fl_slab_grown_slot_size(self.slot_size, nbytes, _PAGE)
+            grown = fl_slab_grown_slot_size(self.slot_size, nbytes, _PAGE, self._sized_by_batch)
             if grown == 0:
                 raise OverflowError("cannot make slots of {} bytes".format(nbytes))
             if self.max_bytes and grown > self.max_bytes:
@@ -171,6 +175,7 @@ cdef class SlabPool:
                 if grown > self.max_bytes:
                     return None  # no slot under the cap holds it; sizes stay
             self.slot_size = grown
+            self._sized_by_batch = True
         self._retire_idle()
         cdef _SlabSegment seg
         for seg in reversed(self._segments):

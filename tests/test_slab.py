@@ -130,6 +130,15 @@ def test_slots_grow_for_a_batch_that_does_not_fit_and_old_segments_retire():
     assert events[-1] == ("retire", 0) and [s[0] for s in pool.segments] == [1]
 
 
+def test_the_first_growth_is_exact_and_later_ones_keep_headroom():
+    pool = SlabPool(4096, slots_per_segment=1)
+    # Batches of one fixed size: slots of exactly that size, nothing spare.
+    assert pool.acquire(10 * 4096).capacity == 10 * 4096
+    # A larger batch shows that they vary: an eighth more than it needs.
+    assert pool.acquire(16 * 4096).capacity == 18 * 4096
+    assert pool.acquire(17 * 4096).capacity == 18 * 4096  # fits: no growth
+
+
 def test_a_failing_on_segment_discards_the_segment():
     def refuse(seg_id, segment, size, n):
         raise RuntimeError("no")

@@ -80,9 +80,9 @@ size_t fl_slab_round_slot(size_t size, size_t page)
     return (size + page - 1) / page * page;
 }
 
-size_t fl_slab_grown_slot_size(size_t current, size_t need, size_t page)
+size_t fl_slab_grown_slot_size(size_t current, size_t need, size_t page, int headroom)
 {
-    size_t want = need + need / 8;
+    size_t want = headroom ? need + need / 8 : need;
     if (want < need)
         return 0;
     size_t size = fl_slab_round_slot(want, page);

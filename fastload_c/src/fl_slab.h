@@ -31,8 +31,9 @@ uint32_t fl_slots_count(const fl_slots *slots);
 size_t fl_slab_round_slot(size_t size, size_t page);
 
 /* Slot size for a batch of `need` bytes when the current slots are too
- * small: `need` plus 1/8 headroom (batches of variable-size samples vary a
- * little), rounded up to whole pages, and at least `current`. 0 on overflow. */
-size_t fl_slab_grown_slot_size(size_t current, size_t need, size_t page);
+ * small: `need`, plus 1/8 headroom when `headroom` is non-zero (batches of
+ * variable-size samples vary a little), rounded up to whole pages, and at
+ * least `current`. 0 on overflow. */
+size_t fl_slab_grown_slot_size(size_t current, size_t need, size_t page, int headroom);
 
 #endif

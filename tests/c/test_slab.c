@@ -52,10 +52,12 @@ static void test_slot_sizes(void)
     CHECK(fl_slab_round_slot(1, 4096) == 4096 && fl_slab_round_slot(4096, 4096) == 4096);
     CHECK(fl_slab_round_slot(4097, 4096) == 8192);
     CHECK(fl_slab_round_slot(SIZE_MAX - 100, 4096) == 0);
-    CHECK(fl_slab_grown_slot_size(4096, 8000, 4096) == 12288);  /* 8000 + 1/8 */
-    CHECK(fl_slab_grown_slot_size(1 << 20, 8000, 4096) == 1 << 20);
-    CHECK(fl_slab_grown_slot_size(0, SIZE_MAX - 10, 4096) == 0);
-    CHECK(fl_slab_grown_slot_size(0, SIZE_MAX / 9 * 8, 4096) == 0);
+    CHECK(fl_slab_grown_slot_size(4096, 8000, 4096, 1) == 12288);  /* 8000 + 1/8 */
+    CHECK(fl_slab_grown_slot_size(4096, 8000, 4096, 0) == 8192);   /* 8000, whole pages */
+    CHECK(fl_slab_grown_slot_size(1 << 20, 8000, 4096, 1) == 1 << 20);
+    CHECK(fl_slab_grown_slot_size(1 << 20, 8000, 4096, 0) == 1 << 20);
+    CHECK(fl_slab_grown_slot_size(0, SIZE_MAX - 10, 4096, 0) == 0);
+    CHECK(fl_slab_grown_slot_size(0, SIZE_MAX / 9 * 8, 4096, 1) == 0);
 }
 
 int main(void)
