@@ -22,6 +22,33 @@ wait sees is never half-way through handling an answer.
 While it waits the main thread sleeps on one doorbell that every result ring
 and the SIGCHLD handler ring (NOTE [ Worker-death detection ] in
 fastload_c/src/fl_proc.h): a result wakes it, and so does a worker's death.
+
+NOTE [ Late slots ]
+A task reserves its slot when it is sent, so that a worker never waits for
+the main process before it writes. But a worker loads one task at a time:
+with ``prefetch_factor`` 2, half the slots in flight would sit reserved for
+tasks not started, two slots of 19 MiB on torchvision's batches of 32
+images with 2 workers. So where slots are at least LATE_SLOT_BYTES, a task
+whose worker is still busy with an earlier one is sent without a slot
+(``_protocol.NO_SEGMENT``), and gets one when the worker's answer to the
+earlier task is handled, i.e. as the worker starts it (``_offer_slot``:
+RESLOT, unasked). A worker that reaches the write of such a task before its
+slot came asks for it (NEED), answered on the main process's next wait or
+next() as any NEED (``_settle``); with late slots next() reads the result
+rings even when a batch is ready, so a request is not left waiting for the
+batches ready to run out. A batch that large takes milliseconds to fetch,
+so the slot is nearly always there first.
+Not for gathered rows (the batch size is known up front,
+WorkerGroup.batch_bytes): there the worker's whole work is the copy into
+the slot, which a late slot would only delay.
+Nor near the pool's cap. There a task without a slot could wait for one
+that only batches queued behind it hold (ready, not yet deliverable), so
+late slots need room to grow the pool by twice the tasks in flight: a
+late task is due within that many deliveries, and the pool meanwhile
+grows by no more than the batches those deliver and the slots of the
+tasks in flight, so it can always grow for the task awaited. Past that
+every task reserves its slot as it is sent, as before, and a wait at the
+cap with no task holding a slot raises (``_acquire_at_cap``).
 """
 from __future__ import annotations
 
@@ -40,7 +67,16 @@ from fastload._dispatch import (
 from fastload._fetch import DatasetKind, describe_indices
 from fastload._iterator import EpochDraw, Progress
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
-from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT, STARTED
+from fastload._protocol import (
+    DONE,
+    ENDED,
+    FAILED,
+    INIT_TASK,
+    NEED,
+    NO_SEGMENT,
+    RESLOT,
+    STARTED,
+)
 from fastload._stats import WorkerStats
 from fastload._task_table import STREAM_ENDED, Failure, Task, TaskTable
 from fastload._worker_error import WorkerError
@@ -48,6 +84,9 @@ from fastload._worker_group import SIGCHLD_SAFETY_SECONDS, WorkerGroup, WorkerGr
 from fastload.errors import ShmError
 from fastload_c import pack
 
+# Slots this large are given to a task when its worker starts it, not
+# when it is sent (NOTE [ Late slots ]).
+LATE_SLOT_BYTES = 4 << 20
 # Without SIGCHLD (forkserver workers are not our children) the waiting main
 # thread looks at its workers this often, well inside the 100 ms the user
 # is promised to hear of a death. With SIGCHLD it still looks now and then
@@ -90,6 +129,8 @@ class ProcessDispatcher:
         self._index_sampler = loader._index_sampler
         self._may_look_ahead = (loader.prefetch_next_epoch
                                 and loader._dataset_kind is DatasetKind.MAP)
+        # Whether large slots are given late (NOTE [ Late slots ]).
+        self._may_slot_late = workers.batch_bytes is None
         self._draw = EpochDraw(iter(()), frozenset(), 0, None, 0)  # until begin_epoch
         self._epoch = 0
         self._lookahead: LookaheadTasks | None = None
@@ -182,9 +223,13 @@ class ProcessDispatcher:
         worker raised), waiting for it for at most ``timeout``; None when the
         epoch has no task left. ``stream_ended`` gets each task passed over
         because its worker's iterable stream had run out."""
+        table, pool = self.table, self.workers.pool
+        if self._slots_late():
+            # Workers may wait for late slots: hear them now, not only once
+            # the batches ready run out (NOTE [ Late slots ]).
+            self._drain()
         if self._needs or self._owed:
             self._settle()
-        table, pool = self.table, self.workers.pool
         waiting = False
         while True:
             found = table.pop_next_batch(self._in_order, stream_ended)
@@ -256,15 +301,53 @@ class ProcessDispatcher:
         if self._carried.tasks:
             task_id = self._carried.adopt_into(self.table, index, worker_id, position, snapshot)
         if task_id is None:
-            lease = lease or self.workers.pool.acquire() or self._acquire_at_cap()
+            if lease is None and not self._starts_later(worker_id):
+                lease = self.workers.pool.acquire() or self._acquire_at_cap()
             task_id = self._send_task(worker_id, index, lease, position, snapshot)
         self.table.order.append(task_id)
 
+    def _slots_late(self) -> bool:
+        """Whether tasks get their slots late (NOTE [ Late slots ])."""
+        if not self._may_slot_late:
+            return False
+        pool = self.workers.pool
+        return pool.slot_size >= LATE_SLOT_BYTES and (
+            not pool.max_bytes
+            or pool.max_bytes - pool.nbytes >= 2 * self._prefetch * pool.slot_size)
+
+    def _unanswered(self, worker_id: int) -> list[tuple[int, Task]]:
+        """The tasks ``worker_id`` has not answered, in the order it loads them."""
+        table = self.table
+        return sorted((task_id, task) for tasks in (table.in_flight, table.stale)
+                      for task_id, task in tasks.items() if task.worker_id == worker_id)
+
+    def _starts_later(self, worker_id: int) -> bool:
+        """Whether a task sent to ``worker_id`` now is sent without a slot:
+        it has an earlier task to load first (NOTE [ Late slots ])."""
+        return self._slots_late() and bool(self._unanswered(worker_id))
+
+    def _offer_slot(self, worker_id: int) -> None:
+        """The worker has answered a task and starts its next: that one's
+        slot, if it was sent without one and a slot is free (handling an
+        answer never grows the pool). NOTE [ Late slots ]."""
+        pool = self.workers.pool
+        if not pool.free_slots:
+            return
+        unanswered = self._unanswered(worker_id)
+        if unanswered and unanswered[0][1].lease is None:
+            task_id, task = unanswered[0]
+            task.lease = pool.acquire()
+            if task.lease is not None:  # None: at the cap; the worker will ask
+                self.workers.send(worker_id, (RESLOT, task_id, _slot_of(task.lease), 0))
+
     def _send_task(self, worker_id: int, index: Any, lease: Any, position: int | None,
                    snapshot: Any) -> int:
+        """``lease`` None: the task is sent without a slot (NOTE [ Late slots ])."""
         task = Task(worker_id, index, lease, position, snapshot)
         task_id = self.table.add(task)
-        data = _protocol.task_message(task_id, index, _slot_of(lease))
+        slot = (_slot_of(lease) if lease is not None
+                else (NO_SEGMENT, 0, self.workers.pool.slot_size))
+        data = _protocol.task_message(task_id, index, slot)
         if data is None:
             data = self._index_in_slot(task, task_id)
         self.workers.send_record(worker_id, data)
@@ -274,7 +357,7 @@ class ProcessDispatcher:
         """The record of a task whose index is too large for one: the index
         starts the task's slot (a bigger one if it must)."""
         index_bytes = pickle.dumps(task.index, protocol=5)
-        if task.lease.capacity < len(index_bytes):
+        if task.lease is None or task.lease.capacity < len(index_bytes):
             task.lease = self.workers.pool.acquire(len(index_bytes)) or self._acquire_at_cap()
         with memoryview(task.lease) as slot:
             slot[:len(index_bytes)] = index_bytes
@@ -322,7 +405,9 @@ class ProcessDispatcher:
         self._copy_out = True
         deadline = deadline_after(self._timeout)
         while True:
-            if not self.table.in_flight:
+            table = self.table
+            if not any(task.lease is not None
+                       for tasks in (table.in_flight, table.stale) for task in tasks.values()):
                 pool = self.workers.pool
                 raise ShmError(
                     f"every slot of the loader's shared memory ({pool.nbytes} bytes, "
@@ -379,8 +464,8 @@ class ProcessDispatcher:
         """A bigger slot for task ``task_id``, whose worker waits for it."""
         table, pool = self.table, self.workers.pool
         task = table.in_flight.get(task_id) or table.stale.get(task_id)
-        if task is None:
-            return
+        if task is None or (task.lease is not None and task.lease.capacity >= nbytes):
+            return  # answered already, or a late slot offered before it asked
         if pool.max_bytes and nbytes > pool.max_bytes:
             # No slot will ever hold it: the worker fails that batch instead.
             self.workers.send(task.worker_id, (RESLOT, task_id, None, pool.max_bytes))
@@ -428,7 +513,7 @@ class ProcessDispatcher:
         if kind == DONE:  # every batch's answer: first
             task = table.in_flight.get(task_id)
             if task is None:
-                table.answered_stale(task_id)
+                self._answered_stale(task_id)
                 return
             try:
                 batch = pack.unpack(task.lease, message[2])
@@ -444,6 +529,8 @@ class ProcessDispatcher:
             self._stats[task.worker_id].add(message[3], message[4])
             task.has_dataset_state, task.dataset_state = message[5], message[6]
             task.dataset_ended = message[7]
+            if self._slots_late():
+                self._offer_slot(task.worker_id)
             return
         if kind == FAILED and task_id == INIT_TASK:
             raise WorkerSetupFailed(message[2])
@@ -460,7 +547,7 @@ class ProcessDispatcher:
             return
         task = table.in_flight.get(task_id)
         if task is None:
-            table.answered_stale(task_id)
+            self._answered_stale(task_id)
         elif kind == ENDED:
             task.dataset_state = message[2]
             table.finish(task_id, STREAM_ENDED)
@@ -471,3 +558,12 @@ class ProcessDispatcher:
         elif kind == FAILED:
             table.finish(task_id, Failure(message[2]))
             task.has_dataset_state, task.dataset_state = message[3], message[4]
+            if self._slots_late():
+                self._offer_slot(task.worker_id)
+
+    def _answered_stale(self, task_id: int) -> None:
+        """A stale task's worker answered: the task is gone, and the worker
+        starts its next (NOTE [ Late slots ])."""
+        task = self.table.answered_stale(task_id)
+        if task is not None and self._slots_late():
+            self._offer_slot(task.worker_id)

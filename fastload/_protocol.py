@@ -17,7 +17,11 @@ Main process -> worker (task ring):
   (TASK, task_id, index, slot)     fetch ``index`` (a list of indices, one
                                    index, or None for an iterable dataset)
                                    and write the batch into ``slot``, a
-                                   (segment_id, offset, capacity) triple
+                                   (segment_id, offset, capacity) triple;
+                                   segment_id NO_SEGMENT: no slot yet, the
+                                   worker asks for one of ``capacity`` bytes
+                                   (NEED) once the batch is fetched (NOTE
+                                   [ Late slots ] in fastload._process_dispatch)
   (TASK_INDEX_IN_SLOT, task_id, nbytes, slot)
                                    the same, with an index whose pickle is
                                    larger than a record: its ``nbytes``
@@ -96,6 +100,8 @@ TASK, TASK_INDEX_IN_SLOT, RESLOT, SEGMENT, RETIRE, RESET = range(6)
 DONE, NEED, ENDED, FAILED, LARGE, STARTED = range(6)
 # The task id of failures outside a task (worker_init_fn, the task loop).
 INIT_TASK = -1
+# The segment id of a task sent without a slot.
+NO_SEGMENT = -1
 # The largest record on a ring; rings are sized for many of them in flight.
 INLINE_BYTES = 8192
 

@@ -198,8 +198,10 @@ class WorkerGroup:
             self, _shutdown, self.processes, self.task_rings, self.result_rings,
             self.sockets, self.doorbell, self.sigchld)
         WorkerGroup.live.add(self)
+        # The size of every batch, where gathered rows make it known now.
+        self.batch_bytes = _memory.batch_slot_bytes(loader.dataset, loader.batch_size)
         self.pool = _memory.new_pool(
-            _memory.batch_slot_bytes(loader.dataset, loader.batch_size) or INITIAL_SLOT_BYTES,
+            self.batch_bytes or INITIAL_SLOT_BYTES,
             pin_memory=loader.pin_memory, slots_per_segment=SLOTS_PER_SEGMENT,
             on_segment=channels.send_segment, on_retire=channels.retire_segment)
         initial_segments = {seg_id: segment for seg_id, segment, _, _ in self.pool.segments}

@@ -27,6 +27,7 @@ from fastload._protocol import (
     FAILED,
     INIT_TASK,
     NEED,
+    NO_SEGMENT,
     RESET,
     RESLOT,
     RETIRE,
@@ -256,18 +257,26 @@ class _Worker:
         self.batches_done += 1
         snapshot = _checkpoint.replica_snapshot(self.fetcher, self.batches_done,
                                                 self.snapshot_every)
+        # A task sent without a slot takes the one the main process offered
+        # since, or asks for it now that its batch is fetched (NOTE [ Late
+        # slots ] in fastload._process_dispatch).
+        needed = slot[2] if slot[0] == NO_SEGMENT else 0
+        offered = bool(needed)
         while True:
+            if needed:
+                slot, cap = self.await_reslot(task_id, needed, offered)
+                offered = False
+                if slot is None:
+                    self.fail(task_id, ShmError(
+                        f"a batch of {needed} bytes cannot fit in the loader's shared "
+                        f"memory ({cap} bytes: half of the memory available when it "
+                        "started); use a smaller batch_size"), index, snapshot)
+                    return
             segment_id, offset, capacity = slot
             try:
                 layout = write(self.segments[segment_id], offset, capacity)
             except SlotTooSmallError as small:
-                slot, cap = self.await_reslot(task_id, small.needed)
-                if slot is None:
-                    self.fail(task_id, ShmError(
-                        f"a batch of {small.needed} bytes cannot fit in the loader's shared "
-                        f"memory ({cap} bytes: half of the memory available when it "
-                        "started); use a smaller batch_size"), index, snapshot)
-                    return
+                needed = small.needed
                 continue
             except Exception as exc:
                 self.fail(task_id, exc, index, snapshot)
@@ -283,21 +292,38 @@ class _Worker:
         self.reply(FAILED, task_id, WorkerError(exc, self.worker_id, describe_failure(index)),
                    *snapshot)
 
-    def await_reslot(self, task_id: int, needed: int) -> tuple[Any, int]:
-        """Ask for a slot of ``needed`` bytes and wait for it, keeping the
+    def await_reslot(self, task_id: int, needed: int, offered: bool) -> tuple[Any, int]:
+        """The slot of ``needed`` bytes for task ``task_id``, keeping the
         tasks and segments that arrive meanwhile in order: (the slot, 0), or
-        (None, the pool's cap) when no slot can be that large."""
-        self.reply(NEED, task_id, needed)
-        held: list[tuple[Any, ...]] = []
-        while True:
-            message = self.receive()
+        (None, the pool's cap) when no slot can be that large. ``offered``:
+        the main process may have sent it unasked (a late slot), so look
+        among the messages sent already before asking (NEED) and waiting."""
+        for position, message in enumerate(self.backlog):
             if message[0] == RESLOT and message[1] == task_id:
-                self.backlog.extendleft(reversed(held))
+                del self.backlog[position]
                 return message[2], message[3]
-            if message[0] == SEGMENT:
-                self.receive_segment(message[1], message[2])
-            else:
-                held.append(message)
+        if offered:
+            while (data := self.tasks.try_get()) is not None:
+                found = self.slot_or_keep(_protocol.decode(data), task_id)
+                if found is not None:
+                    return found
+        self.reply(NEED, task_id, needed)
+        while True:
+            found = self.slot_or_keep(self.receive(), task_id)
+            if found is not None:
+                return found
+
+    def slot_or_keep(self, message: tuple[Any, ...], task_id: int) -> tuple[Any, int] | None:
+        """(slot, cap) when ``message`` is the RESLOT of task ``task_id``;
+        else None, the message handled (a segment, whose descriptor comes
+        now) or kept for later, after those kept already."""
+        if message[0] == RESLOT and message[1] == task_id:
+            return message[2], message[3]
+        if message[0] == SEGMENT:
+            self.receive_segment(message[1], message[2])
+        else:
+            self.backlog.append(message)
+        return None
 
 
 def worker_main(config: dict[str, Any], task_ring: Any, result_ring: Any,

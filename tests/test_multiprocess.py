@@ -405,6 +405,78 @@ def test_a_new_epoch_serves_the_slot_an_abandoned_task_waits_for():
     assert firsts == [0, 1, 2, 3, 4, 5]
 
 
+class Megabytes(fl.Dataset):
+    """1 MiB samples: batches of 5 take slots past LATE_SLOT_BYTES, given
+    to each task as its worker starts it (NOTE [ Late slots ])."""
+
+    def __len__(self):
+        return 23
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return {"x": np.full((512, 512), i, np.float32), "y": i}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("in_order", [True, False])
+def test_late_slots_give_every_batch_as_without_workers(in_order):
+    from fastload._process_dispatch import LATE_SLOT_BYTES
+
+    def summary(batches):
+        return sorted((b["y"].tolist(), float(b["x"].sum())) for b in batches)
+
+    expected = summary(epoch(fl.DataLoader(Megabytes(), batch_size=5)))
+    loader = fl.DataLoader(Megabytes(), batch_size=5, num_workers=2, prefetch_factor=3,
+                           persistent_workers=True, in_order=in_order)
+    it = iter(loader)
+    next(it)
+    assert it._workers.pool.slot_size >= LATE_SLOT_BYTES
+    for _ in range(2):
+        assert summary(epoch(loader)) == expected
+    # An epoch given up early leaves late tasks behind, stale.
+    it = iter(loader)
+    next(it)
+    assert summary(epoch(loader)) == expected
+
+
+class _Messages:
+    """A worker's task ring, played by a list of messages."""
+
+    def __init__(self, messages):
+        self.messages = collections.deque(messages)
+
+    def try_get(self):
+        from fastload._protocol import dumps
+        return dumps(self.messages.popleft()) if self.messages else None
+
+    def get(self, timeout):
+        data = self.try_get()
+        assert data is not None, "the worker would wait for ever"
+        return data
+
+
+@pytest.mark.parametrize("offered", [True, False])
+def test_a_worker_awaiting_its_slot_keeps_other_messages_in_order(offered):
+    from fastload._protocol import NEED, RESET, RESLOT, TASK
+    from fastload._worker_process import _Worker
+
+    worker = _Worker.__new__(_Worker)
+    replies = []
+    worker.reply = lambda *message: replies.append(message)
+    kept = (TASK, 7, [1], (0, 0, 4096))  # kept back by an earlier wait
+    worker.backlog = collections.deque([kept])
+    worker.tasks = _Messages([(RESET, 1, None, 2), (RESLOT, 5, (0, 4096, 4096), 0),
+                              (TASK, 8, [2], (0, 0, 4096))])
+    assert worker.await_reslot(5, 4096, offered) == ((0, 4096, 4096), 0)
+    # A slot sent unasked is taken without asking.
+    assert replies == ([] if offered else [(NEED, 5, 4096)])
+    assert list(worker.backlog) == [kept, (RESET, 1, None, 2)]
+    # One kept back is found there.
+    worker.backlog.append((RESLOT, 9, (0, 0, 4096), 0))
+    assert worker.await_reslot(9, 4096, offered) == ((0, 0, 4096), 0)
+    assert list(worker.backlog) == [kept, (RESET, 1, None, 2)]
+
+
 class RingSpins(fl.Dataset):
     """Sample i: how long the worker's own task and result rings spin
     before they sleep (read from the worker loop's frame)."""

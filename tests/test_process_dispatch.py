@@ -10,7 +10,7 @@ import pytest
 from fastload._checkpoint import Progress
 from fastload._fetch import DatasetKind
 from fastload._iterator import EpochDraw
-from fastload._process_dispatch import ProcessDispatcher, WorkerSetupFailed
+from fastload._process_dispatch import LATE_SLOT_BYTES, ProcessDispatcher, WorkerSetupFailed
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT, TASK
 from fastload._stats import WorkerStats
 from fastload._task_table import Failure
@@ -22,13 +22,15 @@ class ScriptedWorkers:
     """A worker group whose workers answer when the main thread waits:
     ``answer(worker_id, task_id, index)`` gives a task's messages."""
 
-    def __init__(self, num_workers, answer, max_bytes=0):
+    def __init__(self, num_workers, answer, max_bytes=0, slot_bytes=4096):
         self.num_workers = num_workers
         self.sigchld = True
-        self.pool = SlabPool(4096, slots_per_segment=2, max_bytes=max_bytes)
+        self.batch_bytes = None  # batches of no size known up front
+        self.pool = SlabPool(slot_bytes, slots_per_segment=2, max_bytes=max_bytes)
         self.answer = answer
         self.tasks = [[] for _ in range(num_workers)]  # (task id, index) received
         self.sent = []  # every message to a worker, in order
+        self.slots = {}  # task id -> the slot its task was sent with
         self.results = [collections.deque() for _ in range(num_workers)]
         self.waiting = 0  # nested waits now (must never exceed one)
         self.dispatcher = None
@@ -38,6 +40,7 @@ class ScriptedWorkers:
         message = pickle.loads(data)
         assert message[0] == TASK
         self.tasks[worker_id].append((message[1], message[2]))
+        self.slots[message[1]] = message[3]
         self.sent.append((worker_id, message))
 
     def send(self, worker_id, message):
@@ -125,14 +128,17 @@ def test_a_bigger_slot_is_given_after_the_answers_are_handled():
         if task_id not in asked:
             asked.add(task_id)
             workers.tasks[worker_id].insert(0, (task_id, index))  # it waits for its slot
-            return [(NEED, task_id, 3 * 4096)]
+            # Larger than the slots sent: the later tasks' slots were sized
+            # for the first ones.
+            return [(NEED, task_id, (3 if index < 2 else 5) * 4096)]
         return [workers.done(task_id, np.int64(index))]
 
     workers = ScriptedWorkers(2, answer)
     dispatcher = dispatcher_over(workers, range(4), prefetch_factor=1)
     assert delivered(dispatcher) == [(i, i) for i in range(4)]
     reslots = [m for _, m in workers.sent if m[0] == RESLOT]
-    assert len(reslots) == 4 and all(m[2][2] >= 3 * 4096 for m in reslots)
+    assert [m[1] for m in reslots] == [0, 1, 2, 3]  # task ids, here the indices too
+    assert all(m[2][2] >= (3 if m[1] < 2 else 5) * 4096 for m in reslots)
 
 
 def test_an_ended_stream_hands_its_slot_to_the_task_that_replaces_it():
@@ -175,3 +181,53 @@ def test_a_set_up_failure_is_handed_to_the_iterator():
     with pytest.raises(WorkerSetupFailed) as info:
         dispatcher.next_ready(lambda task: None)
     assert info.value.error == "init failed"
+
+
+@pytest.mark.parametrize("free_slots", [False, True])
+def test_large_slots_are_given_as_each_worker_starts_a_task(free_slots):
+    # NOTE [ Late slots ]: a task queued behind another of its worker is
+    # sent without a slot and gets one when that worker answers the task
+    # before it (RESLOT, unasked), or when it asks for it (NEED).
+    needs, leased = [], []
+
+    def answer(worker_id, task_id, index):
+        leased.append(workers.pool.leased)
+        if workers.dispatcher.table.in_flight[task_id].lease is None:
+            needs.append(task_id)
+            workers.tasks[worker_id].insert(0, (task_id, index))  # it waits for its slot
+            return [(NEED, task_id, LATE_SLOT_BYTES)]
+        return [workers.done(task_id, np.int64(index))]
+
+    workers = ScriptedWorkers(2, answer, slot_bytes=LATE_SLOT_BYTES)
+    if free_slots:
+        grown = [workers.pool.acquire() for _ in range(6)]
+        del grown
+    dispatcher = dispatcher_over(workers, range(12), prefetch_factor=3)
+    # The first task of each worker has its slot; those behind it do not.
+    assert [workers.slots[t][0] < 0 for t in range(6)] == [False, False] + [True] * 4
+    assert delivered(dispatcher) == [(i, i) for i in range(12)]
+    late = {t for t, slot in workers.slots.items() if slot[0] < 0}
+    reslots = [m[1] for _, m in workers.sent if m[0] == RESLOT]
+    # Every late task got one slot, and no other task did.
+    assert sorted(reslots) == sorted(late)
+    if free_slots:
+        # Offered as the worker starts the task: nobody had to ask, and
+        # never more than a slot per worker and the batch delivered were
+        # leased, where six would have been reserved.
+        assert needs == [] and max(leased) <= 3
+    else:
+        # The pool grows only for the task the loop waits for: some ask.
+        assert needs and workers.pool.nbytes <= 4 * LATE_SLOT_BYTES
+
+
+def test_near_the_pools_cap_every_task_reserves_its_slot():
+    # A late task there could wait for slots only batches behind it hold.
+    def answer(worker_id, task_id, index):
+        return [workers.done(task_id, np.int64(index))]
+
+    workers = ScriptedWorkers(2, answer, slot_bytes=LATE_SLOT_BYTES,
+                              max_bytes=12 * LATE_SLOT_BYTES)
+    dispatcher = dispatcher_over(workers, range(12), prefetch_factor=3)
+    assert delivered(dispatcher) == [(i, i) for i in range(12)]
+    # Room for 10 more slots, not for twice the 6 tasks in flight: none is late.
+    assert all(slot[0] >= 0 for slot in workers.slots.values())
