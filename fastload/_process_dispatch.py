@@ -383,17 +383,20 @@ class ProcessDispatcher:
         return self._resets
 
     def _dispatch_lookahead(self) -> None:
-        """The next lookahead task, in the slot a delivered batch freed. It
-        never waits for a slot: at the pool's cap the lookahead stops."""
+        """The next lookahead task, in the slot a delivered batch freed, or
+        late (NOTE [ Late slots ]). It never waits for a slot: at the pool's
+        cap the lookahead stops."""
         lookahead = self._lookahead
         if lookahead is None or not lookahead.indices:
             return
-        lease = self.workers.pool.acquire()
-        if lease is None:
-            lookahead.indices.clear()
-            return
-        index = lookahead.indices.popleft()
         worker_id = next(lookahead.workers)
+        lease = None
+        if not self._starts_later(worker_id):
+            lease = self.workers.pool.acquire()
+            if lease is None:
+                lookahead.indices.clear()
+                return
+        index = lookahead.indices.popleft()
         lookahead.tasks.append(
             (self._send_task(worker_id, index, lease, None, NO_SNAPSHOT), index, worker_id))
 

@@ -1,17 +1,17 @@
 """The worker-process dispatcher alone: no process, workers played by a
 script (NOTE [ Task lifecycle ] in fastload/_task_table.py)."""
 import collections
-import pickle
 import types
 
 import numpy as np
 import pytest
 
+import fastload as fl
 from fastload._checkpoint import Progress
 from fastload._fetch import DatasetKind
 from fastload._iterator import EpochDraw
 from fastload._process_dispatch import LATE_SLOT_BYTES, ProcessDispatcher, WorkerSetupFailed
-from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT, TASK
+from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT, TASK, decode
 from fastload._stats import WorkerStats
 from fastload._task_table import Failure
 from fastload_c.pack import collate_into
@@ -37,7 +37,7 @@ class ScriptedWorkers:
         self.doorbell = types.SimpleNamespace(seq=0, wait=self.wait)
 
     def send_record(self, worker_id, data):
-        message = pickle.loads(data)
+        message = decode(data)
         assert message[0] == TASK
         self.tasks[worker_id].append((message[1], message[2]))
         self.slots[message[1]] = message[3]
@@ -78,11 +78,13 @@ class ScriptedWorkers:
 
 
 def dispatcher_over(workers, indices, prefetch_factor=2, in_order=True,
-                    kind=DatasetKind.MAP):
+                    kind=DatasetKind.MAP, look_ahead=False):
+    """``look_ahead``: persistent workers with prefetch_next_epoch, over
+    ``indices``, a batch sampler."""
     loader = types.SimpleNamespace(
         num_workers=workers.num_workers, prefetch_factor=prefetch_factor, in_order=in_order,
-        timeout=0, persistent_workers=False, prefetch_next_epoch=False, _dataset_kind=kind,
-        _index_sampler=None)
+        timeout=0, persistent_workers=look_ahead, prefetch_next_epoch=look_ahead,
+        _dataset_kind=kind, _index_sampler=indices if look_ahead else None)
     stats = [WorkerStats() for _ in range(workers.num_workers)]
     dispatcher = ProcessDispatcher(loader, workers, stats)
     workers.dispatcher = dispatcher
@@ -218,6 +220,24 @@ def test_large_slots_are_given_as_each_worker_starts_a_task(free_slots):
     else:
         # The pool grows only for the task the loop waits for: some ask.
         assert needs and workers.pool.nbytes <= 4 * LATE_SLOT_BYTES
+
+
+def test_lookahead_tasks_take_late_slots_too():
+    def answer(worker_id, task_id, index):
+        table = workers.dispatcher.table
+        if (table.in_flight.get(task_id) or table.stale.get(task_id)).lease is None:
+            workers.tasks[worker_id].insert(0, (task_id, index))  # it waits for its slot
+            return [(NEED, task_id, LATE_SLOT_BYTES)]
+        return [workers.done(task_id, np.int64(index[0]))]
+
+    workers = ScriptedWorkers(2, answer, slot_bytes=LATE_SLOT_BYTES)
+    sampler = fl.BatchSampler(fl.SequentialSampler(range(6)), 1, False)
+    dispatcher = dispatcher_over(workers, sampler, look_ahead=True)
+    assert delivered(dispatcher) == [(i, i) for i in range(6)]
+    # The next epoch's first four batches, each sent while its worker was
+    # still loading this epoch's last ones.
+    looked_ahead = [task_id for task_id, _, _ in dispatcher._lookahead.tasks]
+    assert len(looked_ahead) == 4 and all(workers.slots[t][0] < 0 for t in looked_ahead)
 
 
 def test_near_the_pools_cap_every_task_reserves_its_slot():
