@@ -37,7 +37,10 @@ slot came asks for it (NEED), answered on the main process's next wait or
 next() as any NEED (``_settle``); with late slots next() reads the result
 rings even when a batch is ready, so a request is not left waiting for the
 batches ready to run out. A batch that large takes milliseconds to fetch,
-so the slot is nearly always there first.
+so the slot is nearly always there first. Between epochs nobody reads the
+workers' requests until the next iter(), so with prefetch_next_epoch each
+worker's first task of the next epoch has its slot, and a late one behind
+it is fetched at least and only written at iter().
 Not for gathered rows (the batch size is known up front,
 WorkerGroup.batch_bytes): there the worker's whole work is the copy into
 the slot, which a late slot would only delay.
@@ -391,7 +394,9 @@ class ProcessDispatcher:
             return
         worker_id = next(lookahead.workers)
         lease = None
-        if not self._starts_later(worker_id):
+        # A worker's first task of the lookahead has its slot: between
+        # epochs nobody reads a worker's request for one until iter().
+        if not (self._slots_late() and any(w == worker_id for _, _, w in lookahead.tasks)):
             lease = self.workers.pool.acquire()
             if lease is None:
                 lookahead.indices.clear()
