@@ -227,7 +227,7 @@ class ProcessDispatcher:
         epoch has no task left. ``stream_ended`` gets each task passed over
         because its worker's iterable stream had run out."""
         table, pool = self.table, self.workers.pool
-        if self._slots_late():
+        if self._may_slot_late and self._slots_late():  # no call for gathered rows
             # Workers may wait for late slots: hear them now, not only once
             # the batches ready run out (NOTE [ Late slots ]).
             self._drain()
@@ -537,7 +537,7 @@ class ProcessDispatcher:
             self._stats[task.worker_id].add(message[3], message[4])
             task.has_dataset_state, task.dataset_state = message[5], message[6]
             task.dataset_ended = message[7]
-            if self._slots_late():
+            if self._may_slot_late and self._slots_late():  # no call for gathered rows
                 self._offer_slot(task.worker_id)
             return
         if kind == FAILED and task_id == INIT_TASK:
