@@ -86,13 +86,23 @@ def _gather_source(dataset: Any) -> tuple[tuple[Any, ...], np.ndarray | None] | 
     return None if columns is None else (columns, None)
 
 
+def _default_collation(auto_collation: bool, collate_fn: Callable[[Any], Any]) -> bool:
+    return auto_collation and collate_fn in (default_collate, default_collate_torch_rules)
+
+
+def writes_in_c(auto_collation: bool, collate_fn: Callable[[Any], Any]) -> bool:
+    """Whether some batches of a loader may take a C writer (default
+    collation): only then are slots worth having for worker threads."""
+    return _default_collation(auto_collation, collate_fn) and not ragged.writes_in_place(
+        collate_fn)
+
+
 class BatchWriter:
     """The writes of one worker's batches (NOTE [ Fast paths ])."""
 
     def __init__(self, dataset: Any, kind: DatasetKind, auto_collation: bool,
                  collate_fn: Callable[[Any], Any]) -> None:
-        self._default_collation = auto_collation and collate_fn in (
-            default_collate, default_collate_torch_rules)
+        self._default_collation = _default_collation(auto_collation, collate_fn)
         # Under torch's rules a leaf whose samples differ in dtype, or of no
         # number's dtype, is the general path's (default_collate_torch_rules).
         self._numpy_rules = collate_fn is default_collate
@@ -103,12 +113,6 @@ class BatchWriter:
                 self._gather = _gather_source(dataset)
             except IndexError:
                 self._gather = None
-
-    @property
-    def writes_in_c(self) -> bool:
-        """Whether some batches may take a C writer (default collation):
-        only then is a slot worth giving a task of a worker thread."""
-        return self._default_collation and not self._in_place
 
     def prepare(self, fetcher: DatasetFetcher, index: Any) -> Write:
         """Fetch the data of one task; return the function that writes its

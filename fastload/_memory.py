@@ -182,6 +182,13 @@ def batch_slot_bytes(dataset: Any, batch_size: Optional[int]) -> Optional[int]:
     return size
 
 
+# Slots per pool segment. A loader's slots are those of the batches being
+# written, waiting and held by the loop, rarely a multiple of four: with
+# large batches every slot of a segment is reserved (and zeroed) when it is
+# made, so small segments waste at most one slot.
+SLOTS_PER_SEGMENT = 2
+
+
 def default_max_bytes() -> int:
     """How large a slab pool may grow: half the memory a new segment could
     take now. Past it, batches a user holds on to are copied out of the
@@ -191,7 +198,7 @@ def default_max_bytes() -> int:
 
 def new_pool(slot_size: int, *, pin_memory: bool = False, strict: bool = False,
              cuda: Optional[bool] = None, max_bytes: Optional[int] = None,
-             slots_per_segment: int = 4,
+             slots_per_segment: int = SLOTS_PER_SEGMENT,
              on_segment: Optional[Callable[..., None]] = None,
              on_retire: Optional[Callable[[int], None]] = None) -> SlabPool:
     """A SlabPool under this policy.

@@ -28,16 +28,18 @@ lookahead's reads.
   writers of ``fastload_c.pack`` gather or collate into a slot of a slab
   pool the iterator owns (no worker needs to map it: one process), and the
   worker thread builds the views (``pack.unpack``), so the main thread
-  only hands the batch over. The main thread leases one slot per task and
-  puts the Lease in the task message; from then on it never touches it:
-  the worker thread's reference keeps the slot leased while it writes
-  (also for a task of an epoch given up, whose answer is dropped), then
-  the batch's arrays hold the Lease, so a slot is reused only when the last
-  view of its batch is gone (NOTE [ Slot ownership and lifetime ] in
-  fastload_c.slab). A batch too large for its slot, or one dispatched when
+  only hands the batch over. A worker thread takes its slot when its batch
+  is fetched and about to be written (``ThreadSlots``), so a task queued
+  or still fetching holds none (NOTE [ Late slots ] in
+  fastload._process_dispatch says why that matters for large batches);
+  its reference keeps the slot leased while it writes (also for a task of
+  an epoch given up, whose answer is dropped), then the batch's arrays
+  hold the Lease, so a slot is reused only when the last view of its
+  batch is gone (NOTE [ Slot ownership and lifetime ] in
+  fastload_c.slab). A batch too large for its slot, or one written when
   the pool is at its cap (no Lease), is written into private memory of
   its size instead of waiting for a bigger slot, and its size raises the
-  slot size for the tasks after it. The copies release the GIL when they
+  slot size for the batches after it. The copies release the GIL when they
   are large enough to be worth it (NOTE [ Copies and the GIL ] in
   fastload_c.pack).
 * **Per-thread state.** ``get_worker_info()`` and the ``sample_rng()``
@@ -66,9 +68,11 @@ lookahead's reads.
   state between calls) declare themselves free-threading compatible;
   fastload_c.shm and fastload_c.proc are used by the main thread only;
   two places rely on the GIL for correctness, so fastload_c.slab and
-  fastload_c.pack do not declare it: the slab pool's free stacks (the main thread
-  takes a slot while a worker thread may drop the last view of another,
-  each a few unlocked C statements that the GIL keeps apart), and pack's
+  fastload_c.pack do not declare it: the slab pool's free stacks (a worker
+  thread takes a slot while another thread may drop the last view of
+  another, each a few unlocked C statements that the GIL keeps apart; the
+  threads' takes are also under ``ThreadSlots``' lock, since growing the
+  pool releases the GIL), and pack's
   module-level caches (``_last_plan``, ``_gather_layouts``, ``_decoded``,
   which each thread reads and replaces: without the GIL a reader could
   take a reference to a plan another thread is freeing).
@@ -86,9 +90,10 @@ import threading
 import weakref
 from typing import Any, NoReturn
 
-from fastload import _checkpoint, _memory
+from fastload import _checkpoint
 from fastload._checkpoint import NO_SNAPSHOT, LoaderState, WorkerState
 from fastload._dispatch import RoundRobin, WorkerIter, wait_seconds
+from fastload._fast_path import writes_in_c
 from fastload._fetch import describe_indices, is_stateful
 from fastload._iterator import pin_batch, pin_target
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
@@ -100,10 +105,9 @@ from fastload._worker_error import WorkerError
 from fastload._worker_thread import (
     GLOBAL_RNG_USED,
     GLOBAL_RNG_WARNING,
-    INITIAL_SLOT_BYTES,
     RESET,
-    SLOTS_PER_SEGMENT,
     TASK,
+    ThreadSlots,
     WorkerConfig,
     WorkerThread,
     stop_workers,
@@ -137,16 +141,14 @@ class ThreadIter(WorkerIter):
         if resume is None:
             self._record_shared_start()
         config = WorkerConfig(loader, self._base_seed)
+        # Slots for the batches C writes (NOTE [ Thread workers ]).
+        slots = ThreadSlots() if writes_in_c(config.auto_collation, config.collate_fn) else None
         self._workers = [
-            WorkerThread(i, config, self._results, progress.epoch, progress.datapipe_seed,
-                         resumed[i], None if start_states is None else start_states[i])
+            WorkerThread(i, config, slots, self._results, progress.epoch,
+                         progress.datapipe_seed, resumed[i],
+                         None if start_states is None else start_states[i])
             for i in range(workers)]
         self._stop_all = weakref.finalize(self, stop_workers, self._workers, config.stop)
-        # Slots for the batches C writes (NOTE [ Thread workers ]), and the
-        # size the last batch too large for its slot asked for.
-        self._slots = (_memory.new_pool(INITIAL_SLOT_BYTES, slots_per_segment=SLOTS_PER_SEGMENT)
-                       if self._workers and self._workers[0].writer.writes_in_c else None)
-        self._slot_bytes = 0
         self._started = 0  # threads that said STARTED to the latest RESET (or set-up)
         self._resets = 0  # RESETs sent: the serial their STARTED answers carry
         # NOTE [ Epoch lookahead ]: not over a map-style dataset with a state,
@@ -259,10 +261,8 @@ class ThreadIter(WorkerIter):
 
     def _send_task(self, worker_id: int, index: Any, position: int | None, snapshot: Any,
                    epoch: int) -> int:
-        slots = self._slots
         task_id = self._table.add(Task(worker_id, index, None, position, snapshot))
-        slot = None if slots is None else slots.acquire(self._slot_bytes)
-        self._workers[worker_id].tasks.put((TASK, task_id, index, epoch, slot))
+        self._workers[worker_id].tasks.put((TASK, task_id, index, epoch))
         return task_id
 
     def _start_lookahead(self) -> None:
@@ -365,8 +365,6 @@ class ThreadIter(WorkerIter):
             self._stats.workers[task.worker_id].add(message[3], message[4])
             task.has_dataset_state, task.dataset_state = message[5], message[6]
             task.dataset_ended = message[7]
-            if message[8] > self._slot_bytes:
-                self._slot_bytes = message[8]
             table.finish(task_id, message[2])
         elif kind == ENDED:
             task.dataset_state = message[2]

@@ -62,11 +62,6 @@ RESULT_RING_BYTES = 1 << 18
 # A first guess at the batch size where it is not known beforehand
 # (_memory.batch_slot_bytes); the first batch that needs more raises it.
 INITIAL_SLOT_BYTES = 1 << 20
-# Slots per pool segment. A loader holds prefetch_factor * num_workers slots
-# in flight plus the one or two the loop holds, rarely a multiple of four:
-# with large batches every slot of a segment is reserved (and zeroed) when
-# it is made, so small segments waste at most one slot.
-SLOTS_PER_SEGMENT = 2
 JOIN_SECONDS = 5.0
 
 
@@ -202,7 +197,7 @@ class WorkerGroup:
         self.batch_bytes = _memory.batch_slot_bytes(loader.dataset, loader.batch_size)
         self.pool = _memory.new_pool(
             self.batch_bytes or INITIAL_SLOT_BYTES,
-            pin_memory=loader.pin_memory, slots_per_segment=SLOTS_PER_SEGMENT,
+            pin_memory=loader.pin_memory,
             on_segment=channels.send_segment, on_retire=channels.retire_segment)
         initial_segments = {seg_id: segment for seg_id, segment, _, _ in self.pool.segments}
         parent_death = threading.current_thread() is threading.main_thread()

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload import _checkpoint, _datapipes
+from fastload import _checkpoint, _datapipes, _memory
 from fastload._checkpoint import WorkerState
 from fastload._fast_path import BatchWriter, Write
 from fastload._fetch import DatasetKind, create_fetcher, describe_failure
@@ -31,13 +31,9 @@ from fastload_c.pack import SlotTooSmallError
 JOIN_SECONDS = 1.0
 # A first guess at the batch size; a batch that needs more raises it.
 INITIAL_SLOT_BYTES = 1 << 16
-# Slots per pool segment: prefetch_factor * num_workers in flight, plus the
-# batches the training loop holds.
-SLOTS_PER_SEGMENT = 8
 
-# Messages to a worker thread: (TASK, task id, index, epoch, slot), (RESET,
-# epoch, DataPipe seed, serial), (STOP,); slot: a slab.Lease for a C writer (NOTE
-# [ Thread workers ]), or None.
+# Messages to a worker thread: (TASK, task id, index, epoch), (RESET, epoch,
+# DataPipe seed, serial), (STOP,).
 TASK, RESET, STOP = "task", "reset", "stop"
 # A worker thread's note that the global generators moved during its first
 # batch: (GLOBAL_RNG_USED, worker id).
@@ -57,6 +53,31 @@ def _global_rng_states() -> tuple[Any, ...]:
     return (random.getstate(), numpy_state["key"].tobytes(), numpy_state["pos"],
             None if torch is None
             else generator_state(torch.default_generator).numpy().tobytes())
+
+
+class ThreadSlots:
+    """The slab pool of one iterator's worker threads (NOTE [ Thread
+    workers ]). Each thread takes a slot as it writes a batch, not when its
+    task is sent, so the pool holds slots for batches being written or
+    held, never for tasks still queued (NOTE [ Late slots ] in
+    fastload._process_dispatch). ``size``: the most a batch too large for
+    its slot asked for, which later slots get. The lock keeps the threads'
+    acquires apart: making a segment releases the GIL."""
+
+    def __init__(self) -> None:
+        self.pool = _memory.new_pool(INITIAL_SLOT_BYTES)
+        self.size = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> Any:
+        """A Lease of at least ``size`` bytes, or None at the pool's cap."""
+        with self._lock:
+            return self.pool.acquire(self.size)
+
+    def ask(self, needed: int) -> None:
+        """Later slots hold ``needed`` bytes."""
+        with self._lock:
+            self.size = max(self.size, needed)
 
 
 class WorkerConfig:
@@ -91,14 +112,16 @@ class WorkerThread:
     """One worker thread: its task queue, fetcher and (iterable dataset)
     replica. It holds no reference to the iterator."""
 
-    def __init__(self, worker_id: int, config: WorkerConfig, results: queue.SimpleQueue[Any],
-                 epoch: int, pipe_seed: int | None, resume: WorkerState | None,
-                 start_state: Any = None) -> None:
-        """``pipe_seed``: the epoch's DataPipe seed (Progress.datapipe_seed);
+    def __init__(self, worker_id: int, config: WorkerConfig, slots: ThreadSlots | None,
+                 results: queue.SimpleQueue[Any], epoch: int, pipe_seed: int | None,
+                 resume: WorkerState | None, start_state: Any = None) -> None:
+        """``slots``: where C writers put batches (None: no C writer);
+        ``pipe_seed``: the epoch's DataPipe seed (Progress.datapipe_seed);
         ``start_state``: the replica's dataset state to start from (a
         persistent-workers run resumed between epochs)."""
         self.worker_id = worker_id
         self.config = config
+        self.slots = slots
         self.results = results
         self.tasks: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.map_style = config.kind is DatasetKind.MAP
@@ -172,9 +195,9 @@ class WorkerThread:
                 self.started(message[3])
                 continue
             sample_context.epoch = message[3]
-            self.load(message[1], message[2], message[4])
+            self.load(message[1], message[2])
 
-    def load(self, task_id: int, index: Any, slot: Any) -> None:
+    def load(self, task_id: int, index: Any) -> None:
         fetcher = self.fetcher
         if self.ended:
             self.results.put((ENDED, task_id, fetcher.state()))
@@ -185,7 +208,7 @@ class WorkerThread:
         try:
             fast, general = self.writer.plan(fetcher, index)
             fetched = time.perf_counter()
-            batch, needed = _batch_in(fast, general, slot)
+            batch = _batch_in(fast, general, self.slots)
         except StopIteration:
             self.ended = True
             self.results.put((ENDED, task_id, fetcher.state()))
@@ -203,31 +226,34 @@ class WorkerThread:
                                                         self.config.snapshot_every)
         self.results.put((DONE, task_id, batch, fetched - started,
                           time.perf_counter() - fetched, has_state, state,
-                          getattr(fetcher, "ended", False), needed))
+                          getattr(fetcher, "ended", False)))
 
 
-def _batch_in(fast: Write | None, general: Callable[[], Any], slot: Any) -> tuple[Any, int]:
-    """A worker thread's batch and the slot size it asks for (NOTE [ Thread
-    workers ]): written by the C writer ``fast`` into ``slot`` (a Lease) and
-    viewed there; when the slot is too small, or None (the pool is at its
-    cap), into private memory of the size it needs, which is also returned
-    (for a Lease) so that later slots hold it; where there is no C writer,
-    or it raised, the general path's batch (NOTE [ Fast paths ])."""
+def _batch_in(fast: Write | None, general: Callable[[], Any], slots: ThreadSlots | None) -> Any:
+    """A worker thread's batch (NOTE [ Thread workers ]): written by the C
+    writer ``fast`` into a slot it takes now and viewed there; when the slot
+    is too small, or there is none (the pool is at its cap), into private
+    memory of the size it needs, which later slots then get; where there is
+    no C writer, or it raised, the general path's batch (NOTE [ Fast
+    paths ])."""
     if fast is None:
-        return general(), 0
+        return general()
+    slot = None if slots is None else slots.take()
     capacity = 0 if slot is None else slot.capacity
     target = bytearray() if slot is None else slot
     try:
         try:
-            return pack.unpack(target, fast(target, 0, capacity)), 0
+            return pack.unpack(target, fast(target, 0, capacity))
         except SlotTooSmallError as small:
             # A memoryview: the batch's arrays keep the memory alive through
             # it, and nothing can resize it under them.
             private = memoryview(bytearray(small.needed))
             batch = pack.unpack(private, fast(private, 0, small.needed))
-            return batch, 0 if slot is None else small.needed
+            if slot is not None and slots is not None:
+                slots.ask(small.needed)
+            return batch
     except Exception:
-        return general(), 0
+        return general()
 
 
 def stop_workers(workers: list[WorkerThread], stop: threading.Event) -> None:

@@ -90,7 +90,7 @@ out["pool_pinned"] = [s.pinned for _, s, _, _ in pool.segments]
 out["sum"] = float(batch.sum())
 out["warnings"] = [(w.category.__name__, str(w.message)) for w in caught]
 try:
-    _memory.new_pool(1 << 20, pin_memory=True, strict=True)
+    _memory.new_pool(1 << 20, pin_memory=True, strict=True, slots_per_segment=4)
 except ShmError as exc:
     out["strict"] = [exc.errno, str(exc)]
 print(json.dumps(out))

@@ -604,3 +604,36 @@ def _output_unless_it_hangs(script, hang):
         pytest.fail(hang)
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+class Gated(fl.Dataset):
+    """Samples of 64 KiB that wait for ``gate``: threads blocked in a
+    fetch, their tasks queued behind."""
+
+    def __init__(self, gate):
+        self.gate = gate
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        assert self.gate.wait(30)
+        return np.full(16384, i, np.float32)
+
+
+@pytest.mark.timeout(60)
+def test_worker_threads_take_their_slots_as_they_write():
+    # NOTE [ Thread workers ]: a task queued, or one whose samples are still
+    # being fetched, holds no slot; prefetch_factor 4 keeps 8 in flight.
+    gate = threading.Event()
+    loader = fl.DataLoader(Gated(gate), batch_size=4, num_workers=2, prefetch_factor=4,
+                           worker_method="thread")
+    it = iter(loader)
+    pool = it._workers[0].slots.pool
+    time.sleep(0.1)  # both threads wait in a fetch
+    assert pool.leased == 0
+    gate.set()
+    got = [next(it)] + list(it)
+    assert np.array_equal(np.concatenate(got)[:, 0], np.arange(32, dtype=np.float32))
+    del got
+    assert pool.leased == 0
