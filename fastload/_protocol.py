@@ -29,7 +29,10 @@ Main process -> worker (task ring):
                                    them before it writes anything there
   (RESLOT, task_id, slot, cap)     the bigger slot a NEED asked for; slot
                                    None when the pool can never hold it (its
-                                   cap): the worker fails that batch
+                                   cap): the worker fails that batch. Also
+                                   sent unasked: the late slot of a task
+                                   sent without one, which the worker drops
+                                   if that task ends without writing
   (SEGMENT, segment_id, nbytes)    a new pool segment, sent just before on
                                    the worker's Unix socket (shm.send_segments)
   (RETIRE, segment_id)             unmap a segment the pool dropped

@@ -214,6 +214,8 @@ class _Worker:
                 sample_context.epoch, self.pipe_seed = message[1], message[2]
                 self.new_fetcher()
                 self.started(message[3])
+            # A RESLOT here is a late slot offered to a task that ended
+            # without writing (it failed, or its stream had run out): dropped.
 
     def started(self, serial: int) -> None:
         """Say STARTED (NOTE [ Worker protocol ]): set up (serial 0), or the
