@@ -341,6 +341,7 @@ class ProcessDispatcher:
             task_id, task = unanswered[0]
             task.lease = pool.acquire()
             if task.lease is not None:  # None: at the cap; the worker will ask
+                task.awaits_slot = False
                 self.workers.send(worker_id, (RESLOT, task_id, _slot_of(task.lease), 0))
 
     def _send_task(self, worker_id: int, index: Any, lease: Any, position: int | None,
@@ -409,13 +410,21 @@ class ProcessDispatcher:
 
     def _acquire_at_cap(self) -> Any:
         """A slot when the pool may not grow: from now on batches are copied
-        out of their slots (see _keeps_slot); wait for one to come back."""
+        out of their slots (see _keeps_slot). Batches waiting to be
+        delivered are copied out first; then it waits for a worker's answer,
+        as long as a worker is loading rather than waiting for a slot itself."""
         self._copy_out = True
         deadline = deadline_after(self._timeout)
         while True:
-            table = self.table
-            if not any(task.lease is not None
-                       for tasks in (table.in_flight, table.stale) for task in tasks.values()):
+            # Batches waiting to be delivered hold slots, and the one
+            # awaited may be the task that needs this slot: copy them out to
+            # private memory first (every batch is a copy at the cap anyway).
+            if self._copy_ready_batch_out():
+                lease = self.workers.pool.acquire()
+                if lease is not None:
+                    return lease
+                continue
+            if not self._a_worker_can_answer():
                 pool = self.workers.pool
                 raise ShmError(
                     f"every slot of the loader's shared memory ({pool.nbytes} bytes, "
@@ -425,6 +434,29 @@ class ProcessDispatcher:
             lease = self.workers.pool.acquire()
             if lease is not None:
                 return lease
+
+    def _a_worker_can_answer(self) -> bool:
+        """Whether a worker is loading a task, not waiting for a slot: a
+        worker that waits for one answers nothing until it gets it."""
+        table = self.table
+        first: dict[int, tuple[int, Task]] = {}  # worker id -> the task it loads first
+        for tasks in (table.in_flight, table.stale):
+            for task_id, task in tasks.items():
+                if first.get(task.worker_id, (task_id + 1,))[0] > task_id:
+                    first[task.worker_id] = (task_id, task)
+        return any(not task.awaits_slot for _, task in first.values())
+
+    def _copy_ready_batch_out(self) -> bool:
+        """Copy one batch waiting to be delivered out of its slot, which is
+        then free; whether there was one."""
+        ready = self.table.ready
+        for task_id, (task, batch) in ready.items():
+            if task.lease is not None and not isinstance(batch, Failure) \
+                    and batch is not STREAM_ENDED:
+                ready[task_id] = (task, _copy_out(batch))
+                task.lease = None
+                return True
+        return False
 
     def _keeps_slot(self) -> bool:
         """Whether a batch handed to the user may keep its slot: not once
@@ -476,9 +508,11 @@ class ProcessDispatcher:
             return  # answered already, or a late slot offered before it asked
         if pool.max_bytes and nbytes > pool.max_bytes:
             # No slot will ever hold it: the worker fails that batch instead.
+            task.awaits_slot = False
             self.workers.send(task.worker_id, (RESLOT, task_id, None, pool.max_bytes))
             return
         task.lease = pool.acquire(nbytes) or self._acquire_at_cap()
+        task.awaits_slot = False
         self.workers.send(task.worker_id, (RESLOT, task_id, _slot_of(task.lease), 0))
 
     # -- the workers' answers --------------------------------------------
@@ -551,6 +585,14 @@ class ProcessDispatcher:
                 lookahead.starts[message[2]] = message[4]
             return  # else an answer to a RESET given up
         if kind == NEED:
+            task = table.in_flight.get(task_id) or table.stale.get(task_id)
+            if task is not None and (task.lease is None or task.lease.capacity < message[2]):
+                # Its worker waits for the RESLOT and writes nothing more
+                # into a slot the batch did not fit: that slot is free now,
+                # which at the pool's cap may be what lets the request be
+                # served. (A late task's request is no bigger than the slot
+                # offered to it meanwhile, which it may be writing.)
+                task.lease, task.awaits_slot = None, True
             self._needs.append(message)
             return
         task = table.in_flight.get(task_id)

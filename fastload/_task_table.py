@@ -29,9 +29,9 @@ again) and a wrong lookahead guess ``abandon`` tasks: those in flight turn
 stale, ready ones are dropped (their slots come back at once). A lookahead
 task is in flight or ready without being in ``order`` until the new epoch
 adopts it (NOTE [ Epoch lookahead ]). A worker process that asks for a
-bigger slot (NEED) keeps its task in flight; the answer waits until the
-dispatcher settles (``_settle``), never inside the handling of another
-answer.
+bigger slot (NEED) keeps its task in flight, giving up the slot the batch
+did not fit; the answer waits until the dispatcher settles (``_settle``),
+never inside the handling of another answer.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class Task:
     """One batch a worker loads (see NOTE [ Task lifecycle ])."""
 
     __slots__ = ("worker_id", "index", "lease", "position", "sampler_state", "dataset_state",
-                 "has_dataset_state", "dataset_ended")
+                 "has_dataset_state", "dataset_ended", "awaits_slot")
 
     def __init__(self, worker_id: int, index: Any, lease: Any, position: int | None,
                  sampler_state: Any) -> None:
@@ -63,6 +63,8 @@ class Task:
         self.dataset_state: Any = None
         self.has_dataset_state = False
         self.dataset_ended = False
+        # Its worker asked for a slot (NEED) and waits for the answer.
+        self.awaits_slot = False
 
 
 class Failure:

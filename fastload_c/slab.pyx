@@ -28,10 +28,11 @@ So nothing a user holds is ever overwritten: a worker writes only into the
 slot of its task, the main process names in a task only a slot it has just
 taken from acquire(), i.e. one no Lease owned, and a slot a user still views
 has a live Lease, so it is on no free stack. The main process's part is to
-keep the task's Lease until the worker's result arrived or the worker is
-known dead: dropping it on a timeout while the worker still runs would let
-a late write land in a slot that was handed out again, so a timed-out worker
-is terminated before its Leases are dropped.
+keep the task's Lease until the worker's result arrived, the worker said
+the batch does not fit (a NEED: it writes nothing more into that slot), or
+the worker is known dead: dropping it on a timeout while the worker still
+runs would let a late write land in a slot that was handed out again, so a
+timed-out worker is terminated before its Leases are dropped.
 
 Growth: when every slot is taken the pool adds a segment, up to max_bytes;
 beyond that acquire() returns None and the caller copies out (gives that

@@ -439,6 +439,30 @@ def test_late_slots_give_every_batch_as_without_workers(in_order):
     assert summary(epoch(loader)) == expected
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("in_order", [True, False])
+def test_batches_outgrowing_their_slots_near_the_cap_are_all_delivered(monkeypatch, in_order):
+    # The first batches ask for bigger slots (NEED) with the pool near its
+    # cap while the loop keeps every batch. A worker waiting for a slot
+    # answers nothing, so the wait for a slot copies the batches waiting to
+    # be delivered out of theirs (it hung before). Where the batches the
+    # loop keeps hold every slot the cap allows, the documented error is
+    # raised instead, depending on which batches kept their slots.
+    import fastload._memory as memory
+
+    monkeypatch.setattr(memory, "default_max_bytes", lambda: 12 << 20)
+    expected = [(b["y"].tolist(), float(b["x"].sum()))
+                for b in fl.DataLoader(Megabytes(), batch_size=5)]
+    loader = fl.DataLoader(Megabytes(), batch_size=5, num_workers=2, in_order=in_order)
+    try:
+        held = list(loader)
+    except fl.ShmError as exc:
+        assert "held by batches this program still references" in str(exc)
+    else:
+        got = [(b["y"].tolist(), float(b["x"].sum())) for b in held]
+        assert (got if in_order else sorted(got)) == expected
+
+
 class _Messages:
     """A worker's task ring, played by a list of messages."""
 
