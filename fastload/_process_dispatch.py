@@ -50,8 +50,9 @@ late slots need room to grow the pool by twice the tasks in flight: a
 late task is due within that many deliveries, and the pool meanwhile
 grows by no more than the batches those deliver and the slots of the
 tasks in flight, so it can always grow for the task awaited. Past that
-every task reserves its slot as it is sent, as before, and a wait at the
-cap with no task holding a slot raises (``_acquire_at_cap``).
+every task reserves its slot as it is sent, as before; a wait for a slot
+at the cap copies ready batches out of theirs, and raises once no worker
+is loading (``_acquire_at_cap``).
 """
 from __future__ import annotations
 
