@@ -103,6 +103,12 @@ def _slot_of(lease: Any) -> tuple[int, int, int]:
     return (lease.segment_id, lease.offset, lease.capacity)
 
 
+def _holds(task: Task, nbytes: int) -> bool:
+    """Whether ``task`` has a slot of ``nbytes`` or more: a request for
+    that much is answered already (NOTE [ Late slots ])."""
+    return task.lease is not None and task.lease.capacity >= nbytes
+
+
 def _copy_out(batch: Any) -> Any:
     """The batch in private memory, for a pool at its cap (see _keeps_slot)."""
     return pickle.loads(pickle.dumps(batch, protocol=5))
@@ -319,16 +325,21 @@ class ProcessDispatcher:
             not pool.max_bytes
             or pool.max_bytes - pool.nbytes >= 2 * self._prefetch * pool.slot_size)
 
-    def _unanswered(self, worker_id: int) -> list[tuple[int, Task]]:
-        """The tasks ``worker_id`` has not answered, in the order it loads them."""
+    def _loaded_next(self) -> dict[int, tuple[int, Task]]:
+        """Worker id -> (task id, task): of the tasks a worker has not
+        answered, the one it loads first (it loads them in the order sent)."""
         table = self.table
-        return sorted((task_id, task) for tasks in (table.in_flight, table.stale)
-                      for task_id, task in tasks.items() if task.worker_id == worker_id)
+        first: dict[int, tuple[int, Task]] = {}
+        for tasks in (table.in_flight, table.stale):
+            for task_id, task in tasks.items():
+                if task.worker_id not in first or task_id < first[task.worker_id][0]:
+                    first[task.worker_id] = (task_id, task)
+        return first
 
     def _starts_later(self, worker_id: int) -> bool:
         """Whether a task sent to ``worker_id`` now is sent without a slot:
         it has an earlier task to load first (NOTE [ Late slots ])."""
-        return self._slots_late() and bool(self._unanswered(worker_id))
+        return self._slots_late() and worker_id in self._loaded_next()
 
     def _offer_slot(self, worker_id: int) -> None:
         """The worker has answered a task and starts its next: that one's
@@ -337,9 +348,9 @@ class ProcessDispatcher:
         pool = self.workers.pool
         if not pool.free_slots:
             return
-        unanswered = self._unanswered(worker_id)
-        if unanswered and unanswered[0][1].lease is None:
-            task_id, task = unanswered[0]
+        found = self._loaded_next().get(worker_id)
+        if found is not None and found[1].lease is None:
+            task_id, task = found
             task.lease = pool.acquire()
             if task.lease is not None:  # None: at the cap; the worker will ask
                 task.awaits_slot = False
@@ -439,13 +450,7 @@ class ProcessDispatcher:
     def _a_worker_can_answer(self) -> bool:
         """Whether a worker is loading a task, not waiting for a slot: a
         worker that waits for one answers nothing until it gets it."""
-        table = self.table
-        first: dict[int, tuple[int, Task]] = {}  # worker id -> the task it loads first
-        for tasks in (table.in_flight, table.stale):
-            for task_id, task in tasks.items():
-                if first.get(task.worker_id, (task_id + 1,))[0] > task_id:
-                    first[task.worker_id] = (task_id, task)
-        return any(not task.awaits_slot for _, task in first.values())
+        return any(not task.awaits_slot for _, task in self._loaded_next().values())
 
     def _copy_ready_batch_out(self) -> bool:
         """Copy one batch waiting to be delivered out of its slot, which is
@@ -505,7 +510,7 @@ class ProcessDispatcher:
         """A bigger slot for task ``task_id``, whose worker waits for it."""
         table, pool = self.table, self.workers.pool
         task = table.in_flight.get(task_id) or table.stale.get(task_id)
-        if task is None or (task.lease is not None and task.lease.capacity >= nbytes):
+        if task is None or _holds(task, nbytes):
             return  # answered already, or a late slot offered before it asked
         if pool.max_bytes and nbytes > pool.max_bytes:
             # No slot will ever hold it: the worker fails that batch instead.
@@ -587,7 +592,7 @@ class ProcessDispatcher:
             return  # else an answer to a RESET given up
         if kind == NEED:
             task = table.in_flight.get(task_id) or table.stale.get(task_id)
-            if task is not None and (task.lease is None or task.lease.capacity < message[2]):
+            if task is not None and not _holds(task, message[2]):
                 # Its worker waits for the RESLOT and writes nothing more
                 # into a slot the batch did not fit: that slot is free now,
                 # which at the pool's cap may be what lets the request be
