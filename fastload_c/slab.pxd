@@ -40,6 +40,7 @@ cdef class SlabPool:
     cdef readonly size_t slot_size
     cdef readonly size_t max_bytes
     cdef readonly uint32_t slots_per_segment
+    cdef readonly size_t segment_bytes
     cdef int _next_id
     cdef bint _closed
     cdef bint _sized_by_batch     # the slot size came from a batch's need

@@ -127,7 +127,9 @@ cdef class Lease:
 cdef class SlabPool:
     """Slots of ``slot_size`` bytes (rounded up to pages) in shared segments.
 
-    ``slots_per_segment`` slots make one segment; the first is made here.
+    ``slots_per_segment`` slots make one segment, fewer where they would
+    pass ``segment_bytes`` (0: no limit), never fewer than one; the first
+    segment is made here.
     ``max_bytes`` caps the bytes of all segments (0: no cap but memory).
     ``on_segment(id, segment, slot_size, nslots)`` is called for every new
     segment before any of its slots is used (pin it, send it to workers); if
@@ -136,14 +138,15 @@ cdef class SlabPool:
     dropped. See NOTE [ Slot ownership and lifetime ].
     """
 
-    def __init__(self, size_t slot_size, *, uint32_t slots_per_segment=4, size_t max_bytes=0,
-                 on_segment=None, on_retire=None):
+    def __init__(self, size_t slot_size, *, uint32_t slots_per_segment=4,
+                 size_t segment_bytes=0, size_t max_bytes=0, on_segment=None, on_retire=None):
         if slot_size == 0 or slots_per_segment == 0:
             raise ValueError("slot_size and slots_per_segment must be positive")
         self.slot_size = fl_slab_round_slot(slot_size, _PAGE)
         if self.slot_size == 0:
             raise OverflowError("cannot make slots of {} bytes".format(slot_size))
         self.slots_per_segment = slots_per_segment
+        self.segment_bytes = segment_bytes
         self.max_bytes = max_bytes
         self._on_segment = on_segment
         self._on_retire = on_retire
@@ -198,6 +201,8 @@ cdef class SlabPool:
     cdef _SlabSegment _grow(self):
         cdef size_t used = self.nbytes
         cdef size_t n = self.slots_per_segment
+        if self.segment_bytes:
+            n = max(1, min(n, self.segment_bytes // self.slot_size))
         if self.max_bytes:
             if used >= self.max_bytes or (self.max_bytes - used) // self.slot_size == 0:
                 return None

@@ -130,6 +130,17 @@ def test_slots_grow_for_a_batch_that_does_not_fit_and_old_segments_retire():
     assert events[-1] == ("retire", 0) and [s[0] for s in pool.segments] == [1]
 
 
+def test_segments_of_large_slots_hold_fewer_of_them():
+    pool = SlabPool(4096, slots_per_segment=2, segment_bytes=3 * 4096)
+    small = [pool.acquire() for _ in range(3)]
+    assert [s[3] for s in pool.segments] == [2, 2]         # two 4 KiB slots fit in 12 KiB
+    big = [pool.acquire(8192) for _ in range(2)]
+    assert [(s[2], s[3]) for s in pool.segments][2:] == [(8192, 1), (8192, 1)]
+    huge = pool.acquire(5 * 4096)                           # past segment_bytes: still one slot
+    assert huge.capacity >= 5 * 4096 and pool.segments[-1][3] == 1
+    assert pool.segment_bytes == 3 * 4096 and len(small) + len(big) == 5
+
+
 def test_the_first_growth_is_exact_and_later_ones_keep_headroom():
     pool = SlabPool(4096, slots_per_segment=1)
     # Batches of one fixed size: slots of exactly that size, nothing spare.
