@@ -57,6 +57,7 @@ is loading (``_acquire_at_cap``).
 from __future__ import annotations
 
 import pickle
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -68,7 +69,8 @@ from fastload._dispatch import (
     tasks_in_flight,
     wait_seconds,
 )
-from fastload._fetch import DatasetKind, describe_indices
+from fastload._fast_path import BatchWriter, small_gather_writer
+from fastload._fetch import DatasetKind, create_fetcher, describe_indices
 from fastload._iterator import EpochDraw, Progress
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
 from fastload._protocol import (
@@ -160,6 +162,17 @@ class ProcessDispatcher:
         self._started = 0
         self._starts: dict[int, Any] = {}
         self._replicas: list[WorkerState] | None = None
+        # Small gathers are this process's own (NOTE [ Small gathers ] in
+        # fastload._fast_path); only gathered rows have batch_bytes.
+        self._gathers_here: tuple[BatchWriter, Any] | None = None
+        if workers.batch_bytes is not None:
+            collate_fn = loader._engine_collation()[0]
+            writer = small_gather_writer(loader.dataset, loader._dataset_kind,
+                                         loader._auto_collation, collate_fn, workers.batch_bytes)
+            if writer is not None:
+                self._gathers_here = (writer, create_fetcher(
+                    loader._dataset_kind, loader.dataset, loader._auto_collation, collate_fn,
+                    loader.drop_last))
 
     def begin_epoch(self, draw: EpochDraw, progress: Progress) -> None:
         """Start loading the epoch ``progress`` describes: a task for each
@@ -234,6 +247,10 @@ class ProcessDispatcher:
         epoch has no task left. ``stream_ended`` gets each task passed over
         because its worker's iterable stream had run out."""
         table, pool = self.table, self.workers.pool
+        if self._gathers_here is not None:
+            # Batches made here never wait for a worker, whose death is
+            # then noticed here (NOTE [ Small gathers ] in fastload._fast_path).
+            self.workers.raise_if_dead()
         if self._may_slot_late and self._slots_late():  # no call for gathered rows
             # Workers may wait for late slots: hear them now, not only once
             # the batches ready run out (NOTE [ Late slots ]).
@@ -358,9 +375,16 @@ class ProcessDispatcher:
 
     def _send_task(self, worker_id: int, index: Any, lease: Any, position: int | None,
                    snapshot: Any) -> int:
-        """``lease`` None: the task is sent without a slot (NOTE [ Late slots ])."""
+        """``lease`` None: the task is sent without a slot (NOTE [ Late slots ]).
+        A small gather is made here, in ``lease``, not sent (NOTE [ Small
+        gathers ])."""
         task = Task(worker_id, index, lease, position, snapshot)
         task_id = self.table.add(task)
+        if lease is not None and self._gathers_here is not None:
+            batch = self._gather_here(worker_id, index, lease)
+            if batch is not None:
+                self.table.finish(task_id, batch)
+                return task_id
         slot = (_slot_of(lease) if lease is not None
                 else (NO_SEGMENT, 0, self.workers.pool.slot_size))
         data = _protocol.task_message(task_id, index, slot)
@@ -368,6 +392,24 @@ class ProcessDispatcher:
             data = self._index_in_slot(task, task_id)
         self.workers.send_record(worker_id, data)
         return task_id
+
+    def _gather_here(self, worker_id: int, index: Any, lease: Any) -> Any:
+        """The batch of ``index`` gathered into ``lease`` by this process as
+        its worker would gather it (and counted in that worker's
+        statistics), or None where that raised: the worker then loads it,
+        and its error is the batch's, as for any other."""
+        assert self._gathers_here is not None
+        writer, fetcher = self._gathers_here
+        started = time.perf_counter()
+        try:
+            fast, _ = writer.plan(fetcher, index)
+            fetched = time.perf_counter()
+            assert fast is not None  # a gather's plan: rows
+            batch = pack.unpack(lease, fast(lease, 0, lease.capacity))
+        except Exception:
+            return None
+        self._stats[worker_id].add(fetched - started, time.perf_counter() - fetched)
+        return batch
 
     def _index_in_slot(self, task: Task, task_id: int) -> bytes:
         """The record of a task whose index is too large for one: the index

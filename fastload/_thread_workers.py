@@ -42,6 +42,9 @@ lookahead's reads.
   slot size for the batches after it. The copies release the GIL when they
   are large enough to be worth it (NOTE [ Copies and the GIL ] in
   fastload_c.pack).
+* **Small gathers.** Batches of a few rows of an ``ArrayDataset`` are
+  gathered by the main thread itself, as its tasks are sent (NOTE [ Small
+  gathers ] in fastload._fast_path).
 * **Per-thread state.** ``get_worker_info()`` and the ``sample_rng()``
   context are thread-local; ``WorkerInfo.rng`` holds the thread's own
   generators (fastload._worker_info.WorkerRNG). The global ``random``,
@@ -87,16 +90,18 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 import weakref
 from typing import Any, NoReturn
 
 from fastload import _checkpoint
 from fastload._checkpoint import NO_SNAPSHOT, LoaderState, WorkerState
 from fastload._dispatch import RoundRobin, WorkerIter, wait_seconds
-from fastload._fast_path import writes_in_c
-from fastload._fetch import describe_indices, is_stateful
+from fastload._fast_path import small_gather_writer, writes_in_c
+from fastload._fetch import create_fetcher, describe_indices, is_stateful
 from fastload._iterator import pin_batch, pin_target
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
+from fastload._memory import batch_slot_bytes
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, STARTED
 from fastload._stats import WorkerStats
 from fastload._task_table import STREAM_ENDED, Task, TaskTable
@@ -110,6 +115,7 @@ from fastload._worker_thread import (
     ThreadSlots,
     WorkerConfig,
     WorkerThread,
+    batch_in_slot,
     stop_workers,
 )
 from fastload.errors import WorkerDiedError
@@ -143,6 +149,13 @@ class ThreadIter(WorkerIter):
         config = WorkerConfig(loader, self._base_seed)
         # Slots for the batches C writes (NOTE [ Thread workers ]).
         slots = ThreadSlots() if writes_in_c(config.auto_collation, config.collate_fn) else None
+        # Small gathers are this thread's own (NOTE [ Small gathers ] in fastload._fast_path).
+        writer = small_gather_writer(config.dataset, config.kind, config.auto_collation,
+                                     config.collate_fn,
+                                     batch_slot_bytes(config.dataset, config.batch_size))
+        self._gathers_here = None if writer is None else (
+            writer, create_fetcher(config.kind, config.dataset, config.auto_collation,
+                                   config.collate_fn, config.drop_last), slots)
         self._workers = [
             WorkerThread(i, config, slots, self._results, progress.epoch,
                          progress.datapipe_seed, resumed[i],
@@ -261,9 +274,32 @@ class ThreadIter(WorkerIter):
 
     def _send_task(self, worker_id: int, index: Any, position: int | None, snapshot: Any,
                    epoch: int) -> int:
+        """A new task for ``worker_id``, which loads it, or this thread now
+        if it is a small gather."""
         task_id = self._table.add(Task(worker_id, index, None, position, snapshot))
-        self._workers[worker_id].tasks.put((TASK, task_id, index, epoch))
+        batch = None if self._gathers_here is None else self._gather_here(worker_id, index)
+        if batch is not None:
+            self._table.finish(task_id, batch)
+        else:
+            self._workers[worker_id].tasks.put((TASK, task_id, index, epoch))
         return task_id
+
+    def _gather_here(self, worker_id: int, index: Any) -> Any:
+        """The batch of ``index`` gathered in this thread as its worker
+        would gather it (and counted in that worker's statistics), or None
+        where that raised: the worker then loads it, and its error is the
+        batch's, as for any other."""
+        assert self._gathers_here is not None
+        writer, fetcher, slots = self._gathers_here
+        started = time.perf_counter()
+        try:
+            fast, general = writer.plan(fetcher, index)
+            fetched = time.perf_counter()
+            batch = batch_in_slot(fast, general, slots)
+        except Exception:
+            return None
+        self._stats.workers[worker_id].add(fetched - started, time.perf_counter() - fetched)
+        return batch
 
     def _start_lookahead(self) -> None:
         """Guess the next epoch's first batches (NOTE [ Epoch lookahead ])."""

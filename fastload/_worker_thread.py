@@ -208,7 +208,7 @@ class WorkerThread:
         try:
             fast, general = self.writer.plan(fetcher, index)
             fetched = time.perf_counter()
-            batch = _batch_in(fast, general, self.slots)
+            batch = batch_in_slot(fast, general, self.slots)
         except StopIteration:
             self.ended = True
             self.results.put((ENDED, task_id, fetcher.state()))
@@ -229,7 +229,7 @@ class WorkerThread:
                           getattr(fetcher, "ended", False)))
 
 
-def _batch_in(fast: Write | None, general: Callable[[], Any], slots: ThreadSlots | None) -> Any:
+def batch_in_slot(fast: Write | None, general: Callable[[], Any], slots: ThreadSlots | None) -> Any:
     """A worker thread's batch (NOTE [ Thread workers ]): written by the C
     writer ``fast`` into a slot it takes now and viewed there; when the slot
     is too small, or there is none (the pool is at its cap), into private

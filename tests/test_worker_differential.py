@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fastload as fl
+import fastload._fast_path as fast_path
 
 from _compositions import COLLATE_FNS, build, canonical, epoch_outcome, torch
 
@@ -72,6 +73,9 @@ loader_settings = st.fixed_dictionaries({
     "shuffle": st.booleans(),
     "drop_last": st.booleans(),
     "collate": st.sampled_from(["default", "default", "keep", "pad"]),
+    # False: workers make even the batches the main process would gather
+    # (NOTE [ Small gathers ] in fastload/_fast_path.py).
+    "small_gathers": st.booleans(),
 })
 
 
@@ -82,7 +86,13 @@ def outcome(description, options, **extra):
         drop_last=options["drop_last"] and options["batch_size"] is not None,
         collate_fn=COLLATE_FNS[options["collate"]],
         generator=7, **extra)
-    return epoch_outcome(loader)
+    small_gather_bytes = fast_path.SMALL_GATHER_BYTES
+    if not options.get("small_gathers", True):
+        fast_path.SMALL_GATHER_BYTES = 0
+    try:
+        return epoch_outcome(loader)
+    finally:
+        fast_path.SMALL_GATHER_BYTES = small_gather_bytes
 
 
 def assert_same_outcome(description, options, context, workers=(1, 3)):
