@@ -270,7 +270,9 @@ class RandomSampler(_EpochSampler):
             raise ValueError(f"RandomSampler cannot draw num_samples={count} indices from "
                              "an empty data_source")
         # Same draws in the same order as torch, including the final draw of
-        # a possibly empty remainder, so a torch.Generator ends in torch's state.
+        # a possibly empty remainder, so a torch.Generator ends in torch's
+        # state. A numpy generator is the epoch's own (_chunks): an empty
+        # remainder's permutation, a whole one drawn for nothing, is skipped.
         if self.replacement:
             for _ in range(count // 32):
                 yield _seed.randint(rng, n, 32)
@@ -278,7 +280,8 @@ class RandomSampler(_EpochSampler):
         else:
             for _ in range(count // n):
                 yield _seed.permutation(rng, n)
-            yield _seed.permutation(rng, n)[: count % n]
+            if count % n or not isinstance(rng, np.random.Generator):
+                yield _seed.permutation(rng, n)[: count % n]
 
     def __len__(self) -> int:
         return self.num_samples

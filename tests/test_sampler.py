@@ -486,3 +486,24 @@ def test_the_generator_state_read_once_per_epoch_is_the_generators(make_generato
     list(batches)
     sampler._rng.integers(10)  # the loader draws its seeds from a shared one
     assert sampler.state_dict()["generator"] == sampler._rng.bit_generator.state
+
+
+def test_an_epoch_of_a_whole_permutation_draws_one_with_numpy_two_with_torch(monkeypatch):
+    # torch draws the empty remainder's permutation too, so a torch.Generator
+    # ends where torch's does; an epoch's numpy generator is its own, and
+    # drawing that permutation only cost a whole one more.
+    from fastload import _seed
+
+    drawn = []
+    permutation = _seed.permutation
+    monkeypatch.setattr(_seed, "permutation",
+                        lambda rng, n: (drawn.append(n), permutation(rng, n))[1])
+    order = list(RandomSampler(range(50), generator=3))
+    assert sorted(order) == list(range(50)) and drawn == [50]
+    torch = pytest.importorskip("torch")
+    drawn.clear()
+    generator, torch_generator = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    ours = list(RandomSampler(range(50), generator=generator))
+    theirs = list(torch.utils.data.RandomSampler(range(50), generator=torch_generator))
+    assert ours == theirs and drawn == [50, 50]
+    assert torch.equal(generator.get_state(), torch_generator.get_state())
