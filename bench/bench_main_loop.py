@@ -11,6 +11,11 @@ per batch over ``--duration`` seconds: for worker processes the whole main
 process (``getrusage(RUSAGE_SELF)``); for worker threads the consuming
 thread only (``time.thread_time()``; RUSAGE_SELF would add the workers).
 ``num_workers=0`` is beside them: there the loop also loads the batch.
+fastload gathers such small batches of an ``ArrayDataset`` in the main
+thread whatever the workers (NOTE [ Small gathers ] in
+fastload/_fast_path.py): the ``process`` and ``thread`` lines turn that off,
+so that every batch is handed over; the ``gathered`` lines are what
+fastload runs.
 
 Part 2, small-row dict batches: a map-style dataset whose samples are dicts
 of a 16-float32 array and an int label, batches of 64, shuffled; samples/s
@@ -33,6 +38,8 @@ import fastload as fl
 import fastload._fast_path as fast_path
 
 WARMUP_SECONDS = 0.3
+# fastload's own threshold, before the bench turns it off for the handoff.
+SMALL_GATHER_BYTES = fast_path.SMALL_GATHER_BYTES
 
 
 def tiny_arrays() -> fl.ArrayDataset:
@@ -63,14 +70,16 @@ def _process_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def main_loop_cpu(duration: float, clock: Callable[[], float], **kwargs: Any) -> float:
+def main_loop_cpu(duration: float, clock: Callable[[], float], small_gathers: bool = False,
+                  **kwargs: Any) -> float:
     """CPU seconds per batch of ``clock`` while a persistent loader of tiny
-    batches is drained for ``duration`` seconds, after a warm-up. The
-    workers make every batch: the main process does not gather them itself
-    (NOTE [ Small gathers ] in fastload/_fast_path.py), so what is measured
-    is the loop that hands batches over."""
+    batches is drained for ``duration`` seconds, after a warm-up. Unless
+    ``small_gathers``, the workers make every batch: the main process does
+    not gather them itself (NOTE [ Small gathers ] in fastload/_fast_path.py,
+    which fastload does for these batches), so what is measured is the loop
+    that hands batches over."""
     workers = kwargs.get("num_workers", 0)
-    fast_path.SMALL_GATHER_BYTES = 0
+    fast_path.SMALL_GATHER_BYTES = SMALL_GATHER_BYTES if small_gathers else 0
     loader = fl.DataLoader(tiny_arrays(), batch_size=4, persistent_workers=workers > 0,
                            **kwargs)
     batches, measuring = 0, False
@@ -94,10 +103,15 @@ def main() -> None:
     args = method_arguments(__doc__)
     workers = args.workers
 
+    # "gathered": as fastload runs these batches, the main thread gathering
+    # them; the others hand every batch over.
     loops: dict[str, tuple[Callable[[], float], dict[str, Any]]] = {
         "process": (_process_cpu, dict(num_workers=workers)),
         "thread": (time.thread_time, dict(num_workers=workers, worker_method="thread")),
         "0 workers": (time.thread_time, {}),
+        "process, gathered": (_process_cpu, dict(num_workers=workers, small_gathers=True)),
+        "thread, gathered": (time.thread_time, dict(num_workers=workers, worker_method="thread",
+                                                    small_gathers=True)),
     }
     cpu: dict[str, list[float]] = {name: [] for name in loops}
     for repeat in range(args.repeats):
@@ -109,7 +123,7 @@ def main() -> None:
     print(f"main-loop CPU per batch (batches of 4 samples of 3 small arrays, {workers} "
           f"workers, {args.repeats} repeats, {args.duration:g} s each): median, min")
     for name, values in cpu.items():
-        print(f"  {name:<10} {statistics.median(values) * 1e6:7.1f} µs "
+        print(f"  {name:<17} {statistics.median(values) * 1e6:7.1f} µs "
               f"{min(values) * 1e6:7.1f} µs")
 
     contenders: dict[str, dict[str, Any]] = {
