@@ -16,7 +16,12 @@ drawn from an independent copy, made only for sampler types whose state is
 known (fastload's and torch's stock samplers, and BatchSampler over them),
 with the global RNGs restored afterwards; a custom sampler gets no
 lookahead. A DistributedSampler is copied at ``epoch + 1``, the
-``set_epoch`` a training loop makes before the next epoch.
+``set_epoch`` a training loop makes before the next epoch. What a
+RandomSampler's copy draws from a numpy generator (the epoch's
+permutation) is kept for the sampler, which takes it instead of drawing it
+again when its next epoch starts from the same token with the same length
+(fastload.sampler._DrawnAhead): iter() then no longer waits for a second
+permutation (4 ms for 262144 rows).
 
 The head is a guess, and it is checked: at ``iter()`` each batch the real
 sampler yields is compared with the lookahead task dispatched at that
@@ -97,7 +102,9 @@ def _independent_copy(sampler: Any) -> Any:
         inner = _independent_copy(sampler.sampler)
         return None if inner is None else _copy_with(sampler, sampler=inner)
     if kind in _EPOCH_SAMPLERS:
-        return _copy_with(sampler, _rng=_clone_generator(sampler._rng))
+        # Its draws are kept for the sampler, which takes them if its next
+        # epoch is the one guessed (fastload.sampler._DrawnAhead).
+        return _copy_with(sampler, _rng=_clone_generator(sampler._rng), _draws_ahead=True)
     if kind in torch_data_classes(None, *TORCH_RANDOM_SAMPLERS):
         return _copy_with(sampler, generator=_clone_generator(sampler.generator))
     if kind in torch_data_classes(DistributedSampler, "DistributedSampler"):

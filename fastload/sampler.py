@@ -74,6 +74,35 @@ class SequentialSampler(Sampler[int]):
         return len(self.data_source)
 
 
+class _DrawnAhead:
+    """The chunks an epoch lookahead's copy of a sampler drew for the
+    sampler's next epoch (NOTE [ Epoch lookahead ] in fastload._lookahead):
+    its key (the token and what else the chunks depend on), the chunks drawn
+    so far and the draw that goes on after them. A sampler and its shallow
+    copies share one; a pickled or deep-copied sampler gets an empty one."""
+
+    __slots__ = ("key", "chunks", "rest")
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.key: Any = None
+        self.chunks: list[Chunk] = []
+        self.rest: Iterator[Chunk] = iter(())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_DrawnAhead, ())
+
+
+def _recorded(drawn: _DrawnAhead, key: Any) -> Iterator[Chunk]:
+    """``drawn.rest``, each chunk kept in ``drawn.chunks`` as it is drawn."""
+    for chunk in drawn.rest:
+        if drawn.key == key:
+            drawn.chunks.append(chunk)
+        yield chunk
+
+
 class _EpochSampler(Sampler[int]):
     """Base of the random samplers (see NOTE [ Determinism contract ] in _seed).
 
@@ -101,6 +130,11 @@ class _EpochSampler(Sampler[int]):
     # once, not at every state_dict() (a DataLoader takes one per batch,
     # and a torch.Generator's state is 5 KB to copy out). None: read anew.
     _generator_state: Any = None
+    # The next epoch's chunks as a lookahead's copy drew them, and whether
+    # this sampler is such a copy (NOTE [ Epoch lookahead ]): the sampler
+    # then takes them instead of drawing them again.
+    _drawn_ahead: _DrawnAhead | None = None
+    _draws_ahead = False
 
     @property
     def generator(self) -> GeneratorArg:
@@ -112,15 +146,36 @@ class _EpochSampler(Sampler[int]):
         # epochs continue its stream instead of restarting it.
         self._rng = _seed.resolve_generator(value)
         self._generator = self._rng if isinstance(value, (int, np.integer)) else value
+        self._drawn_ahead = _DrawnAhead()
 
     def _epoch_chunks(self, rng: Any) -> Iterator[Chunk]:
         raise NotImplementedError
+
+    def _chunk_key(self) -> Any:
+        """What an epoch's chunks depend on besides its token, or None where
+        chunks a lookahead drew are not kept (they are drawn again)."""
+        return None
 
     def _chunks(self, token: Any) -> Iterator[Chunk]:
         rng: Any = self._rng
         if is_torch_generator(rng):
             _seed.set_generator_state(rng, token)
             return self._epoch_chunks(rng)
+        drawn, depends = self._drawn_ahead, self._chunk_key()
+        if drawn is None or depends is None:
+            return self._epoch_chunks(np.random.default_rng(token))
+        # An epoch's numpy generator is its own, made from the token: chunks
+        # a lookahead's copy drew from the same token are the chunks.
+        key = (token, depends)
+        if self._draws_ahead:
+            drawn.clear()
+            drawn.key, drawn.rest = key, self._epoch_chunks(np.random.default_rng(token))
+            return _recorded(drawn, key)
+        if drawn.key == key:
+            chunks, rest = drawn.chunks, drawn.rest
+            drawn.clear()
+            return itertools.chain(chunks, rest)
+        drawn.clear()  # a guess this epoch did not take
         return self._epoch_chunks(np.random.default_rng(token))
 
     def _item_iterators(self) -> Iterator[Any]:
@@ -263,6 +318,9 @@ class RandomSampler(_EpochSampler):
         if self._num_samples is None:
             return len(self.data_source)
         return self._num_samples
+
+    def _chunk_key(self) -> Any:
+        return len(self.data_source), int(self.num_samples), self.replacement
 
     def _epoch_chunks(self, rng: Any) -> Iterator[Chunk]:
         n, count = len(self.data_source), int(self.num_samples)

@@ -417,3 +417,74 @@ def test_no_lookahead_without_persistent_workers(tmp_path):
     loader = fl.DataLoader(Logged(tmp_path, n=12), batch_size=2, num_workers=2)
     assert len(list(loader)) == 6
     assert loads(tmp_path) == 12
+
+
+def counted_permutations(monkeypatch):
+    from fastload import _seed
+
+    drawn = []
+    permutation = _seed.permutation
+    monkeypatch.setattr(_seed, "permutation",
+                        lambda rng, n: (drawn.append(n), permutation(rng, n))[1])
+    return drawn
+
+
+@pytest.mark.parametrize("guessed", [True, False])
+def test_a_random_samplers_epoch_the_lookahead_drew_is_not_drawn_again(monkeypatch, guessed):
+    drawn = counted_permutations(monkeypatch)
+    generator, twin = np.random.default_rng(3), np.random.default_rng(3)
+    sampler = fl.BatchSampler(fl.RandomSampler(range(40), generator=generator), 6, False)
+    reference = fl.BatchSampler(fl.RandomSampler(range(40), generator=twin), 6, False)
+    got, want = [], []
+    for _ in range(4):
+        got.append(list(sampler))
+        want.append(list(reference))
+        assert next_epoch_head(sampler, 3) is not None
+        if not guessed:  # the next epoch is not the one the lookahead drew
+            generator.random(), twin.random()
+    assert got == want
+    # The reference: one permutation an epoch. The sampler: its first epoch,
+    # one per look ahead, and each epoch not guessed.
+    assert len(drawn) == 4 + 1 + 4 + (0 if guessed else 3)
+
+
+def test_a_sampler_with_an_epoch_drawn_ahead_pickles_and_copies_without_it():
+    import copy
+    import pickle
+
+    sampler = fl.RandomSampler(range(30), generator=np.random.default_rng(5))
+    list(sampler)
+    head = next_epoch_head(sampler, 5)
+    for duplicate in (pickle.loads(pickle.dumps(sampler)), copy.deepcopy(sampler)):
+        assert duplicate._drawn_ahead.key is None
+        assert list(duplicate)[:5] == head
+    assert list(sampler)[:5] == head
+
+
+class Growing(fl.Dataset):
+    def __init__(self):
+        self.n = 20
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["fork", "thread"])
+def test_shuffled_epochs_equal_those_without_lookahead(method):
+    def epochs(lookahead):
+        dataset = Growing()
+        loader = fl.DataLoader(dataset, batch_size=3, shuffle=True, generator=11, num_workers=2,
+                               persistent_workers=True, prefetch_next_epoch=lookahead,
+                               **WORKERS[method])
+        got = []
+        for epoch in range(4):
+            got.append([batch.tolist() for batch in loader])
+            if epoch == 1:
+                dataset.n = 26  # the guess of epoch 2 drew a permutation of 20
+        return got
+
+    assert epochs(True) == epochs(False)
