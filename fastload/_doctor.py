@@ -251,9 +251,9 @@ def check_workers() -> Check:
                  f"use num_workers=0 where a batch takes less than about {handoff_ms:.2g} ms "
                  "to make (arrays in memory; the main process gathers an ArrayDataset's "
                  f"batches of up to {SMALL_GATHER_BYTES >> 10} KiB itself whatever "
-                 "num_workers is); workers pay off "
-                 "where it takes longer (decoding, augmenting); loader.stats().verdict says "
-                 "which a loader is",
+                 "num_workers is, unless worker processes have a worker_init_fn); workers "
+                 "pay off where it takes longer (decoding, augmenting); loader.stats().verdict "
+                 "says which a loader is",
                  details)
 
 

@@ -116,6 +116,8 @@ def writes_in_c(auto_collation: bool, collate_fn: Callable[[Any], Any]) -> bool:
 # code runs in a gather, so nothing can tell which thread made it; the
 # workers still start (worker_init_fn runs), and a worker process's death
 # is still raised: next() looks for it, since nothing waits for a worker.
+# Not with worker processes and a worker_init_fn, which may change its
+# worker's copy of the arrays (worker threads share the dataset).
 # A gather that raises (an index out of range) is sent to the worker after
 # all, whose error is the batch's, as for any other batch.
 SMALL_GATHER_BYTES = 256 << 10

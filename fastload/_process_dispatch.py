@@ -165,7 +165,7 @@ class ProcessDispatcher:
         # Small gathers are this process's own (NOTE [ Small gathers ] in
         # fastload._fast_path); only gathered rows have batch_bytes.
         self._gathers_here: tuple[BatchWriter, Any] | None = None
-        if workers.batch_bytes is not None:
+        if workers.batch_bytes is not None and loader.worker_init_fn is None:
             collate_fn = loader._engine_collation()[0]
             writer = small_gather_writer(loader.dataset, loader._dataset_kind,
                                          loader._auto_collation, collate_fn, workers.batch_bytes)

@@ -139,3 +139,20 @@ def test_a_worker_process_killed_while_the_main_process_gathers_is_raised():
         while time.monotonic() < deadline:
             next(it)
     assert info.value.pid == victim and "while idle" in str(info.value)
+
+
+def shift_this_workers_rows(worker_id):
+    fl.get_worker_info().dataset.arrays[0][:] += 1000  # this worker's copy only (fork)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_init_fn_may_change_its_workers_rows(tasks_to_workers):
+    # NOTE [ Small gathers ]: with worker processes and a worker_init_fn,
+    # the workers gather, from the copy worker_init_fn may have changed.
+    dataset = fl.ArrayDataset(np.arange(32))
+    loader = fl.DataLoader(dataset, batch_size=4, num_workers=2,
+                           worker_init_fn=shift_this_workers_rows,
+                           multiprocessing_context="fork")
+    got = [int(v) for batch in loader for v in batch[0]]
+    assert got == [1000 + i for i in range(32)]
+    assert dataset.arrays[0][0] == 0 and len(tasks_to_workers) == 8
