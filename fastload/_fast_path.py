@@ -49,14 +49,16 @@ generated datasets (tests/test_worker_differential.py).
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from fastload import ragged
-from fastload._fetch import DatasetFetcher, DatasetKind
+from fastload._fetch import DatasetFetcher, DatasetKind, create_fetcher
 from fastload._gathered import GatheredBatch, GatheredTensors
+from fastload._stats import WorkerStats
 from fastload.collate import default_collate, default_collate_torch_rules, is_stacked_column
 from fastload.dataset import gathered_columns, is_plain_subset
 from fastload_c import pack
@@ -123,16 +125,48 @@ def writes_in_c(auto_collation: bool, collate_fn: Callable[[Any], Any]) -> bool:
 SMALL_GATHER_BYTES = 256 << 10
 
 
-def small_gather_writer(dataset: Any, kind: DatasetKind, auto_collation: bool,
-                        collate_fn: Callable[[Any], Any],
-                        batch_bytes: int | None) -> BatchWriter | None:
-    """The writer of a loader whose every batch is a C gather of rows
-    (NOTE [ Fast paths ]) of at most SMALL_GATHER_BYTES; None for any
-    other loader. ``batch_bytes``: _memory.batch_slot_bytes of the loader."""
-    if batch_bytes is None or batch_bytes > SMALL_GATHER_BYTES:
-        return None
-    writer = BatchWriter(dataset, kind, auto_collation, collate_fn)
-    return writer if writer.gathers_rows else None
+class SmallGathers:
+    """The batches the main thread gathers itself (NOTE [ Small gathers ]):
+    a worker's writer over a fetcher of the main process's dataset."""
+
+    __slots__ = ("_writer", "_fetcher")
+
+    def __init__(self, writer: BatchWriter, fetcher: DatasetFetcher) -> None:
+        self._writer = writer
+        self._fetcher = fetcher
+
+    @classmethod
+    def of(cls, dataset: Any, kind: DatasetKind, auto_collation: bool,
+           collate_fn: Callable[[Any], Any], drop_last: bool,
+           batch_bytes: int | None) -> SmallGathers | None:
+        """Those of a loader whose every batch is a C gather of rows (NOTE
+        [ Fast paths ]) of at most SMALL_GATHER_BYTES; None for any other.
+        ``batch_bytes``: _memory.batch_slot_bytes of the loader."""
+        if batch_bytes is None or batch_bytes > SMALL_GATHER_BYTES:
+            return None
+        writer = BatchWriter(dataset, kind, auto_collation, collate_fn)
+        if not writer.gathers_rows:
+            return None
+        return cls(writer, create_fetcher(kind, dataset, auto_collation, collate_fn, drop_last))
+
+    def gather(self, index: Any, write: Callable[[Write, Callable[[], Any]], Any],
+               stats: WorkerStats) -> Any:
+        """The batch of ``index`` as ``write(fast, general)`` makes it from
+        the writer's plan, counted in ``stats`` (the statistics of the
+        worker it was sent to); None where the plan has no gather for it or
+        that raised: the worker then loads it, and its error is the
+        batch's, as for any other."""
+        started = time.perf_counter()
+        try:
+            fast, general = self._writer.plan(self._fetcher, index)
+            if fast is None:
+                return None
+            fetched = time.perf_counter()
+            batch = write(fast, general)
+        except Exception:
+            return None
+        stats.add(fetched - started, time.perf_counter() - fetched)
+        return batch
 
 
 class BatchWriter:

@@ -57,7 +57,6 @@ is loading (``_acquire_at_cap``).
 from __future__ import annotations
 
 import pickle
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -69,8 +68,8 @@ from fastload._dispatch import (
     tasks_in_flight,
     wait_seconds,
 )
-from fastload._fast_path import BatchWriter, small_gather_writer
-from fastload._fetch import DatasetKind, create_fetcher, describe_indices
+from fastload._fast_path import SmallGathers
+from fastload._fetch import DatasetKind, describe_indices
 from fastload._iterator import EpochDraw, Progress
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
 from fastload._protocol import (
@@ -164,15 +163,11 @@ class ProcessDispatcher:
         self._replicas: list[WorkerState] | None = None
         # Small gathers are this process's own (NOTE [ Small gathers ] in
         # fastload._fast_path); only gathered rows have batch_bytes.
-        self._gathers_here: tuple[BatchWriter, Any] | None = None
+        self._gathers_here: SmallGathers | None = None
         if workers.batch_bytes is not None and loader.worker_init_fn is None:
-            collate_fn = loader._engine_collation()[0]
-            writer = small_gather_writer(loader.dataset, loader._dataset_kind,
-                                         loader._auto_collation, collate_fn, workers.batch_bytes)
-            if writer is not None:
-                self._gathers_here = (writer, create_fetcher(
-                    loader._dataset_kind, loader.dataset, loader._auto_collation, collate_fn,
-                    loader.drop_last))
+            self._gathers_here = SmallGathers.of(
+                loader.dataset, loader._dataset_kind, loader._auto_collation,
+                loader._engine_collation()[0], loader.drop_last, workers.batch_bytes)
 
     def begin_epoch(self, draw: EpochDraw, progress: Progress) -> None:
         """Start loading the epoch ``progress`` describes: a task for each
@@ -381,7 +376,9 @@ class ProcessDispatcher:
         task = Task(worker_id, index, lease, position, snapshot)
         task_id = self.table.add(task)
         if lease is not None and self._gathers_here is not None:
-            batch = self._gather_here(worker_id, index, lease)
+            batch = self._gathers_here.gather(
+                index, lambda fast, _: pack.unpack(lease, fast(lease, 0, lease.capacity)),
+                self._stats[worker_id])
             if batch is not None:
                 self.table.finish(task_id, batch)
                 return task_id
@@ -392,24 +389,6 @@ class ProcessDispatcher:
             data = self._index_in_slot(task, task_id)
         self.workers.send_record(worker_id, data)
         return task_id
-
-    def _gather_here(self, worker_id: int, index: Any, lease: Any) -> Any:
-        """The batch of ``index`` gathered into ``lease`` by this process as
-        its worker would gather it (and counted in that worker's
-        statistics), or None where that raised: the worker then loads it,
-        and its error is the batch's, as for any other."""
-        assert self._gathers_here is not None
-        writer, fetcher = self._gathers_here
-        started = time.perf_counter()
-        try:
-            fast, _ = writer.plan(fetcher, index)
-            fetched = time.perf_counter()
-            assert fast is not None  # a gather's plan: rows
-            batch = pack.unpack(lease, fast(lease, 0, lease.capacity))
-        except Exception:
-            return None
-        self._stats[worker_id].add(fetched - started, time.perf_counter() - fetched)
-        return batch
 
     def _index_in_slot(self, task: Task, task_id: int) -> bytes:
         """The record of a task whose index is too large for one: the index

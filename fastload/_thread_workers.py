@@ -90,15 +90,15 @@ from __future__ import annotations
 import os
 import queue
 import threading
-import time
 import weakref
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from fastload import _checkpoint
 from fastload._checkpoint import NO_SNAPSHOT, LoaderState, WorkerState
 from fastload._dispatch import RoundRobin, WorkerIter, wait_seconds
-from fastload._fast_path import small_gather_writer, writes_in_c
-from fastload._fetch import create_fetcher, describe_indices, is_stateful
+from fastload._fast_path import SmallGathers, Write, writes_in_c
+from fastload._fetch import describe_indices, is_stateful
 from fastload._iterator import pin_batch, pin_target
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
 from fastload._memory import batch_slot_bytes
@@ -150,12 +150,10 @@ class ThreadIter(WorkerIter):
         # Slots for the batches C writes (NOTE [ Thread workers ]).
         slots = ThreadSlots() if writes_in_c(config.auto_collation, config.collate_fn) else None
         # Small gathers are this thread's own (NOTE [ Small gathers ] in fastload._fast_path).
-        writer = small_gather_writer(config.dataset, config.kind, config.auto_collation,
-                                     config.collate_fn,
-                                     batch_slot_bytes(config.dataset, config.batch_size))
-        self._gathers_here = None if writer is None else (
-            writer, create_fetcher(config.kind, config.dataset, config.auto_collation,
-                                   config.collate_fn, config.drop_last), slots)
+        self._gathers_here = SmallGathers.of(
+            config.dataset, config.kind, config.auto_collation, config.collate_fn,
+            config.drop_last, batch_slot_bytes(config.dataset, config.batch_size))
+        self._slots = slots
         self._workers = [
             WorkerThread(i, config, slots, self._results, progress.epoch,
                          progress.datapipe_seed, resumed[i],
@@ -277,29 +275,17 @@ class ThreadIter(WorkerIter):
         """A new task for ``worker_id``, which loads it, or this thread now
         if it is a small gather."""
         task_id = self._table.add(Task(worker_id, index, None, position, snapshot))
-        batch = None if self._gathers_here is None else self._gather_here(worker_id, index)
+        batch = None if self._gathers_here is None else self._gathers_here.gather(
+            index, self._write_here, self._stats.workers[worker_id])
         if batch is not None:
             self._table.finish(task_id, batch)
         else:
             self._workers[worker_id].tasks.put((TASK, task_id, index, epoch))
         return task_id
 
-    def _gather_here(self, worker_id: int, index: Any) -> Any:
-        """The batch of ``index`` gathered in this thread as its worker
-        would gather it (and counted in that worker's statistics), or None
-        where that raised: the worker then loads it, and its error is the
-        batch's, as for any other."""
-        assert self._gathers_here is not None
-        writer, fetcher, slots = self._gathers_here
-        started = time.perf_counter()
-        try:
-            fast, general = writer.plan(fetcher, index)
-            fetched = time.perf_counter()
-            batch = batch_in_slot(fast, general, slots)
-        except Exception:
-            return None
-        self._stats.workers[worker_id].add(fetched - started, time.perf_counter() - fetched)
-        return batch
+    def _write_here(self, fast: Write, general: Callable[[], Any]) -> Any:
+        """A small gather's batch, written as a worker thread writes one."""
+        return batch_in_slot(fast, general, self._slots)
 
     def _start_lookahead(self) -> None:
         """Guess the next epoch's first batches (NOTE [ Epoch lookahead ])."""
