@@ -179,12 +179,14 @@ class BatchWriter:
         # number's dtype, is the general path's (default_collate_torch_rules).
         self._numpy_rules = collate_fn is default_collate
         self._in_place = auto_collation and ragged.writes_in_place(collate_fn)
-        self._gather: tuple[tuple[Any, ...], np.ndarray | None] | None = None
+        self._gather: tuple[pack.RowGather, np.ndarray | None] | None = None
         if self._default_collation and kind is DatasetKind.MAP:
             try:
-                self._gather = _gather_source(dataset)
+                source = _gather_source(dataset)
             except IndexError:
-                self._gather = None
+                source = None
+            if source is not None:
+                self._gather = (pack.RowGather(source[0]), source[1])
 
     @property
     def gathers_rows(self) -> bool:
@@ -212,13 +214,12 @@ class BatchWriter:
             batch = fetcher.fetch(index)
             return None, lambda: batch
         if self._gather is not None:
-            arrays, row_map = self._gather
+            gather, row_map = self._gather
             rows = _rows(index, row_map)
             if rows is None:
                 batch = fetcher.fetch(index)
                 return None, lambda: batch
-            return (lambda t, o, c: pack.gather_into(arrays, rows, t, o, c),
-                    lambda: fetcher.fetch(index))
+            return (lambda t, o, c: gather.into(rows, t, o, c), lambda: fetcher.fetch(index))
         samples = fetcher.fetch_samples(index)
         if (type(samples) is not list and len(samples) and isinstance(samples[0], (str, bytes))
                 and type(samples) not in (GatheredBatch, GatheredTensors)):

@@ -2,6 +2,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from _typeshed import ReadableBuffer, WriteableBuffer
+from typing_extensions import disjoint_base
 
 from fastload_c.errors import FastloadError
 
@@ -18,6 +19,12 @@ def collate_into(samples: Sequence[Any], target: WriteableBuffer, offset: int = 
 def gather_into(columns: Any, indices: Any, target: WriteableBuffer, offset: int = 0,
                 capacity: int = -1) -> bytes: ...
 def int_rows(indices: object) -> Any: ...
+
+@disjoint_base
+class RowGather:
+    def __init__(self, columns: Any) -> None: ...
+    def into(self, indices: Any, target: WriteableBuffer, offset: int = 0,
+             capacity: int = -1) -> bytes: ...
 def pickle_into(obj: object, target: WriteableBuffer, offset: int = 0, capacity: int = -1, *,
                 inband_limit: int = 1024, reserved: int = 0) -> bytes: ...
 def unpack(base: ReadableBuffer, layout: bytes) -> Any: ...

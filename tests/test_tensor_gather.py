@@ -74,15 +74,28 @@ def test_tensor_array_dataset_gives_torchs_batches(seed, num_workers, method, co
 
 
 class _GatherSpy:
-    """Counts the gather_into calls that wrote tensor columns without
-    raising, across forked worker processes too."""
+    """Counts the C gathers (gather_into, RowGather.into) that wrote tensor
+    columns without raising, across forked worker processes too."""
 
-    def __init__(self):
-        self.real = pack.gather_into
+    def __init__(self, monkeypatch):
         self.count = multiprocessing.get_context("fork").Value("i", 0)
+        real_gather_into, real_row_gather = pack.gather_into, pack.RowGather
+        spy = self
 
-    def __call__(self, columns, *args, **kwargs):
-        layout = self.real(columns, *args, **kwargs)
+        def gather_into(columns, *args, **kwargs):
+            return spy.counted(columns, real_gather_into(columns, *args, **kwargs))
+
+        class RowGather:
+            def __init__(self, columns):
+                self.columns, self.real = columns, real_row_gather(columns)
+
+            def into(self, *args, **kwargs):
+                return spy.counted(self.columns, self.real.into(*args, **kwargs))
+
+        monkeypatch.setattr(pack, "gather_into", gather_into)
+        monkeypatch.setattr(pack, "RowGather", RowGather)
+
+    def counted(self, columns, layout):
         if any(isinstance(column, torch.Tensor) for column in columns):
             with self.count.get_lock():
                 self.count.value += 1
@@ -94,8 +107,7 @@ class _GatherSpy:
 def test_workers_gather_tensor_columns_in_c(monkeypatch, wrapper, num_workers, method, context):
     # A write that raised would fall back to the general path unseen: only
     # gather_into's successful writes are counted, and every batch needs one.
-    spy = _GatherSpy()
-    monkeypatch.setattr(pack, "gather_into", spy)
+    spy = _GatherSpy(monkeypatch)
     columns, _ = _tensors(7)
     dataset = fl.ArrayDataset(*columns, np.arange(len(columns[0])))
     if wrapper and wrapper.startswith("torch"):
