@@ -20,7 +20,8 @@ batch:
   (``dataset.gathered_columns``). A batch is then one row of each column
   per index: ``ArrayDataset.__getitems__`` gathers them and
   ``default_collate`` returns the columns as they are (of a TensorDataset's
-  tuples it stacks the rows, the same bytes). ``gather_into`` copies the
+  tuples it stacks the rows, the same bytes). A ``pack.RowGather`` of the
+  columns (``gather_into`` with its per-call work done once) copies the
   same rows straight into the slot, and gives tensor columns back as
   tensors over it (their rows read through numpy views). A Subset's
   indices are turned into one array per worker, not per batch. Subclasses
@@ -106,7 +107,7 @@ def writes_in_c(auto_collation: bool, collate_fn: Callable[[Any], Any]) -> bool:
 # each batch itself as its task is sent, with a worker's writer (the same
 # plan, so the same bytes) and into the slot the task got (a slot of the
 # worker processes' pool, pinned if the pool is; of the worker threads'
-# pool), and the task is ready at once. Copying a few KiB takes about 3 µs;
+# pool), and the task is ready at once. Gathering a few KiB takes about 1 µs;
 # handing the task to a worker and its batch back costs the main thread
 # more than that (a ring record and a wake-up, reading the answer, the
 # views), and on two cores the workers' share of the handoff is taken from

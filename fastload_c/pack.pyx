@@ -19,10 +19,12 @@ released, but for small batches (NOTE [ Copies and the GIL ]).
 NOTE [ Copies and the GIL ]
 The copies of gather_into and collate_into read arrays and write a slot
 through raw pointers taken with the GIL held: the walk (collate_into) or
-the columns tuple (gather_into) holds a reference to every source array
-and _Target holds the target's buffer, so nothing they point at can be
-freed or resized while the GIL is released; the C they run touches no
-Python object. Another thread may write into the source arrays meanwhile,
+the columns tuple (gather_into, RowGather.into) holds a reference to every
+source array and _Target holds the target's buffer, so nothing they point
+at can be freed or resized while the GIL is released; the C they run
+touches no Python object. A RowGather that threads share changes which
+layout it keeps with the GIL held, and each gather holds the layout it
+copies by (never changed once made). Another thread may write into the source arrays meanwhile,
 which is the same race as with np.take (numpy releases the GIL there too).
 A batch of fewer than NOGIL_MIN_BYTES (128 KiB) is copied with the GIL
 held: such a copy takes ten microseconds or so, less than handing the GIL
