@@ -122,6 +122,33 @@ ptrdiff_t fl_normalize_indices(ptrdiff_t *idx, size_t n, ptrdiff_t len)
     return -1;
 }
 
+/* How many rows ahead a gather prefetches: a random row is a cache miss,
+ * and several misses in flight overlap (NOTE [ Row gathers ]). */
+#define FL_PREFETCH_ROWS 8
+
+/* Rows of a fixed small size: the copy inlined, the rows FL_PREFETCH_ROWS
+ * ahead prefetched (their first and last byte: a row may span two lines). */
+#define FL_GATHER_FIXED(SIZE)                                                   \
+    for (size_t i = 0; i < n; i++) {                                            \
+        if (i + FL_PREFETCH_ROWS < n) {                                         \
+            const char *ahead = src + idx[i + FL_PREFETCH_ROWS] * stride0;      \
+            __builtin_prefetch(ahead);                                          \
+            __builtin_prefetch(ahead + (SIZE) - 1);                             \
+        }                                                                       \
+        memcpy(dst + i * (SIZE), src + idx[i] * stride0, (SIZE));               \
+    }
+
+/* NOTE [ Row gathers ]
+ * A gather of random rows is bound by memory latency, not bandwidth: each
+ * row is a cache miss of its own. Prefetching the rows a few ahead keeps
+ * several misses in flight, and rows of a power-of-two size up to 64 bytes
+ * are copied inline rather than by a call to memcpy each. Runs of
+ * consecutive rows (a sequential sampler) are still one memcpy each.
+ * bench/bench_gather.py, 256 random rows of a 16 MiB to 256 MiB array,
+ * µs per batch, gather_into before (a memcpy call per row, no prefetch,
+ * its per-call Python work) -> RowGather now, np.take beside: rows of
+ * 16 B 5.1 -> 2.1 (1.7), 64 B 5.9 -> 2.1 (3.0), 256 B 8.6 -> 4.7 (6.0),
+ * 1 KiB 45.6 -> 30.7 (36.8). */
 void fl_gather_rows(char *dst, const char *src, ptrdiff_t stride0, const ptrdiff_t *idx,
                     size_t n, size_t row_bytes, int contiguous, int ndim,
                     const ptrdiff_t *dims, const ptrdiff_t *strides, size_t itemsize)
@@ -135,13 +162,32 @@ void fl_gather_rows(char *dst, const char *src, ptrdiff_t stride0, const ptrdiff
         return;
     }
     int packed = stride0 == (ptrdiff_t)row_bytes;
-    size_t i = 0;
-    while (i < n) {
-        size_t j = i + 1;
-        if (packed)
+    if (packed && n > 1 && idx[1] == idx[0] + 1) {
+        /* Consecutive rows: runs, each one memcpy. */
+        size_t i = 0;
+        while (i < n) {
+            size_t j = i + 1;
             while (j < n && idx[j] == idx[j - 1] + 1)
                 j++;
-        memcpy(dst + i * row_bytes, src + idx[i] * stride0, (j - i) * row_bytes);
-        i = j;
+            memcpy(dst + i * row_bytes, src + idx[i] * stride0, (j - i) * row_bytes);
+            i = j;
+        }
+        return;
+    }
+    switch (row_bytes) {
+    case 1: FL_GATHER_FIXED(1) return;
+    case 2: FL_GATHER_FIXED(2) return;
+    case 4: FL_GATHER_FIXED(4) return;
+    case 8: FL_GATHER_FIXED(8) return;
+    case 16: FL_GATHER_FIXED(16) return;
+    case 32: FL_GATHER_FIXED(32) return;
+    case 64: FL_GATHER_FIXED(64) return;
+    default:
+        break;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (i + FL_PREFETCH_ROWS < n)
+            __builtin_prefetch(src + idx[i + FL_PREFETCH_ROWS] * stride0);
+        memcpy(dst + i * row_bytes, src + idx[i] * stride0, row_bytes);
     }
 }

@@ -127,17 +127,21 @@ static void test_gather_rows_and_index_normalization(void)
     CHECK(fl_normalize_indices(bad, 3, 4) == 1 && bad[1] == 4);
     CHECK(fl_normalize_indices(bad + 2, 1, 4) == 0);
     CHECK(fl_align_up(1, 64) == 64 && fl_align_up(64, 64) == 64 && fl_align_up(SIZE_MAX, 64) == 0);
-    for (int trial = 0; trial < 500; trial++) {
+    /* The sizes copied inline (NOTE [ Row gathers ]) and others around them. */
+    static const size_t sizes[] = {1, 2, 3, 4, 8, 16, 24, 32, 40, 48, 64, 65, 100};
+    for (int trial = 0; trial < 2000; trial++) {
         layout row;
         random_layout(&row, &state, 1 + (int)(rnd(&state) % 2), 8);
         int contiguous = rnd(&state) % 2;
-        size_t row_bytes = contiguous ? 8 * (1 + rnd(&state) % 6) : row.count * row.itemsize;
-        size_t rows = 1 + rnd(&state) % 12, n = rnd(&state) % 16;
+        size_t row_bytes = contiguous ? sizes[rnd(&state) % (sizeof sizes / sizeof *sizes)]
+                                      : row.count * row.itemsize;
+        /* Up to 40 rows: past the rows a gather prefetches ahead. */
+        size_t rows = 1 + rnd(&state) % 12, n = rnd(&state) % 41;
         size_t extent = contiguous ? row_bytes : row.span;  /* bytes one row touches */
         ptrdiff_t stride0 = (ptrdiff_t)(extent + (contiguous && rnd(&state) % 2 ? 0 : 8));
         char *src = random_bytes((size_t)stride0 * rows, &state);
         char *got = malloc(row_bytes * n + 1), *want = malloc(row_bytes * n + 1);
-        ptrdiff_t at[16];
+        ptrdiff_t at[41];
         CHECK(got != NULL && want != NULL);
         for (size_t i = 0; i < n; i++) {
             at[i] = i > 0 && rnd(&state) % 2 && (size_t)at[i - 1] + 1 < rows ? at[i - 1] + 1
