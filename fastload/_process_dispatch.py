@@ -23,36 +23,8 @@ While it waits the main thread sleeps on one doorbell that every result ring
 and the SIGCHLD handler ring (NOTE [ Worker-death detection ] in
 fastload_c/src/fl_proc.h): a result wakes it, and so does a worker's death.
 
-NOTE [ Late slots ]
-A task reserves its slot when it is sent, so that a worker never waits for
-the main process before it writes. But a worker loads one task at a time:
-with ``prefetch_factor`` 2, half the slots in flight would sit reserved for
-tasks not started, two slots of 19 MiB on torchvision's batches of 32
-images with 2 workers. So where slots are at least LATE_SLOT_BYTES, a task
-whose worker is still busy with an earlier one is sent without a slot
-(``_protocol.NO_SEGMENT``), and gets one when the worker's answer to the
-earlier task is handled, i.e. as the worker starts it (``_offer_slot``:
-RESLOT, unasked). A worker that reaches the write of such a task before its
-slot came asks for it (NEED), answered on the main process's next wait or
-next() as any NEED (``_settle``); with late slots next() reads the result
-rings even when a batch is ready, so a request is not left waiting for the
-batches ready to run out. A batch that large takes milliseconds to fetch,
-so the slot is nearly always there first. Between epochs nobody reads the
-workers' requests until the next iter(), so with prefetch_next_epoch each
-worker's first task of the next epoch has its slot, and a late one behind
-it is fetched at least and only written at iter().
-Not for gathered rows (the batch size is known up front,
-WorkerGroup.batch_bytes): there the worker's whole work is the copy into
-the slot, which a late slot would only delay.
-Nor near the pool's cap. There a task without a slot could wait for one
-that only batches queued behind it hold (ready, not yet deliverable), so
-late slots need room to grow the pool by twice the tasks in flight: a
-late task is due within that many deliveries, and the pool meanwhile
-grows by no more than the batches those deliver and the slots of the
-tasks in flight, so it can always grow for the task awaited. Past that
-every task reserves its slot as it is sent, as before; a wait for a slot
-at the cap copies ready batches out of theirs, and raises once no worker
-is loading (``_acquire_at_cap``).
+Which slot a task gets, and when, is ``SlotPolicy``'s (fastload._process_slots,
+NOTE [ Late slots ]).
 """
 from __future__ import annotations
 
@@ -72,6 +44,7 @@ from fastload._fast_path import SmallGathers
 from fastload._fetch import DatasetKind, describe_indices
 from fastload._iterator import EpochDraw, Progress
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
+from fastload._process_slots import SlotPolicy, copy_out, holds, slot_of
 from fastload._protocol import (
     DONE,
     ENDED,
@@ -79,40 +52,19 @@ from fastload._protocol import (
     INIT_TASK,
     NEED,
     NO_SEGMENT,
-    RESLOT,
     STARTED,
 )
 from fastload._stats import WorkerStats
 from fastload._task_table import STREAM_ENDED, Failure, Task, TaskTable
 from fastload._worker_error import WorkerError
 from fastload._worker_group import SIGCHLD_SAFETY_SECONDS, WorkerGroup, WorkerGroupDied
-from fastload.errors import ShmError
 from fastload_c import pack
 
-# Slots this large are given to a task when its worker starts it, not
-# when it is sent (NOTE [ Late slots ]).
-LATE_SLOT_BYTES = 4 << 20
 # Without SIGCHLD (forkserver workers are not our children) the waiting main
 # thread looks at its workers this often, well inside the 100 ms the user
 # is promised to hear of a death. With SIGCHLD it still looks now and then
 # (SIGCHLD_SAFETY_SECONDS).
 DEATH_POLL_SECONDS = 0.05
-
-
-def _slot_of(lease: Any) -> tuple[int, int, int]:
-    """How a task names its slot to a worker (NOTE [ Worker protocol ])."""
-    return (lease.segment_id, lease.offset, lease.capacity)
-
-
-def _holds(task: Task, nbytes: int) -> bool:
-    """Whether ``task`` has a slot of ``nbytes`` or more: a request for
-    that much is answered already (NOTE [ Late slots ])."""
-    return task.lease is not None and task.lease.capacity >= nbytes
-
-
-def _copy_out(batch: Any) -> Any:
-    """The batch in private memory, for a pool at its cap (see _keeps_slot)."""
-    return pickle.loads(pickle.dumps(batch, protocol=5))
 
 
 class WorkerSetupFailed(Exception):
@@ -124,7 +76,7 @@ class WorkerSetupFailed(Exception):
         self.error = error
 
 
-class ProcessDispatcher:
+class ProcessDispatcher(SlotPolicy):
     """The tasks of one iterator's worker processes, each in one state of
     ``table``. Holds no reference to the iterator: the worker group must
     die with the iterator by reference counting (see _worker_group)."""
@@ -264,7 +216,7 @@ class ProcessDispatcher:
                         and not self._keeps_slot()):
                     # The user gets a private copy; the slot comes back now
                     # (the worker is done with it).
-                    batch = _copy_out(batch)
+                    batch = copy_out(batch)
                     task.lease = None
                 if pool.free_slots:
                     self._dispatch()
@@ -328,46 +280,6 @@ class ProcessDispatcher:
             task_id = self._send_task(worker_id, index, lease, position, snapshot)
         self.table.order.append(task_id)
 
-    def _slots_late(self) -> bool:
-        """Whether tasks get their slots late (NOTE [ Late slots ])."""
-        if not self._may_slot_late:
-            return False
-        pool = self.workers.pool
-        return pool.slot_size >= LATE_SLOT_BYTES and (
-            not pool.max_bytes
-            or pool.max_bytes - pool.nbytes >= 2 * self._prefetch * pool.slot_size)
-
-    def _loaded_next(self) -> dict[int, tuple[int, Task]]:
-        """Worker id -> (task id, task): of the tasks a worker has not
-        answered, the one it loads first (it loads them in the order sent)."""
-        table = self.table
-        first: dict[int, tuple[int, Task]] = {}
-        for tasks in (table.in_flight, table.stale):
-            for task_id, task in tasks.items():
-                if task.worker_id not in first or task_id < first[task.worker_id][0]:
-                    first[task.worker_id] = (task_id, task)
-        return first
-
-    def _starts_later(self, worker_id: int) -> bool:
-        """Whether a task sent to ``worker_id`` now is sent without a slot:
-        it has an earlier task to load first (NOTE [ Late slots ])."""
-        return self._slots_late() and worker_id in self._loaded_next()
-
-    def _offer_slot(self, worker_id: int) -> None:
-        """The worker has answered a task and starts its next: that one's
-        slot, if it was sent without one and a slot is free (handling an
-        answer never grows the pool). NOTE [ Late slots ]."""
-        pool = self.workers.pool
-        if not pool.free_slots:
-            return
-        found = self._loaded_next().get(worker_id)
-        if found is not None and found[1].lease is None:
-            task_id, task = found
-            task.lease = pool.acquire()
-            if task.lease is not None:  # None: at the cap; the worker will ask
-                task.awaits_slot = False
-                self.workers.send(worker_id, (RESLOT, task_id, _slot_of(task.lease), 0))
-
     def _send_task(self, worker_id: int, index: Any, lease: Any, position: int | None,
                    snapshot: Any) -> int:
         """``lease`` None: the task is sent without a slot (NOTE [ Late slots ]).
@@ -382,7 +294,7 @@ class ProcessDispatcher:
             if batch is not None:
                 self.table.finish(task_id, batch)
                 return task_id
-        slot = (_slot_of(lease) if lease is not None
+        slot = (slot_of(lease) if lease is not None
                 else (NO_SEGMENT, 0, self.workers.pool.slot_size))
         data = _protocol.task_message(task_id, index, slot)
         if data is None:
@@ -398,7 +310,7 @@ class ProcessDispatcher:
             task.lease = self.workers.pool.acquire(len(index_bytes)) or self._acquire_at_cap()
         with memoryview(task.lease) as slot:
             slot[:len(index_bytes)] = index_bytes
-        return _protocol.index_in_slot_message(task_id, len(index_bytes), _slot_of(task.lease))
+        return _protocol.index_in_slot_message(task_id, len(index_bytes), slot_of(task.lease))
 
     def _start_lookahead(self) -> None:
         """Persistent workers, map-style: guess the next epoch's first
@@ -438,109 +350,6 @@ class ProcessDispatcher:
         index = lookahead.indices.popleft()
         lookahead.tasks.append(
             (self._send_task(worker_id, index, lease, None, NO_SNAPSHOT), index, worker_id))
-
-    # -- slots -----------------------------------------------------------
-
-    def _acquire_at_cap(self) -> Any:
-        """A slot when the pool may not grow: from now on batches are copied
-        out of their slots (see _keeps_slot). Batches waiting to be
-        delivered are copied out first; then it waits for a worker's answer,
-        as long as a worker is loading rather than waiting for a slot itself."""
-        self._copy_out = True
-        deadline = deadline_after(self._timeout)
-        while True:
-            # Batches waiting to be delivered hold slots, and the one
-            # awaited may be the task that needs this slot: copy them out to
-            # private memory first (every batch is a copy at the cap anyway).
-            if self._copy_ready_batch_out():
-                lease = self.workers.pool.acquire()
-                if lease is not None:
-                    return lease
-                continue
-            if not self._a_worker_can_answer():
-                pool = self.workers.pool
-                raise ShmError(
-                    f"every slot of the loader's shared memory ({pool.nbytes} bytes, "
-                    "its cap) is held by batches this program still references; "
-                    "drop or copy (np.copy) batches you keep")
-            self._pump(deadline)
-            lease = self.workers.pool.acquire()
-            if lease is not None:
-                return lease
-
-    def _a_worker_can_answer(self) -> bool:
-        """Whether a worker is loading a task, not waiting for a slot: a
-        worker that waits for one answers nothing until it gets it."""
-        return any(not task.awaits_slot for _, task in self._loaded_next().values())
-
-    def _copy_ready_batch_out(self) -> bool:
-        """Copy one batch waiting to be delivered out of its slot, which is
-        then free; whether there was one."""
-        ready = self.table.ready
-        for task_id, (task, batch) in ready.items():
-            if task.lease is not None and not isinstance(batch, Failure) \
-                    and batch is not STREAM_ENDED:
-                ready[task_id] = (task, _copy_out(batch))
-                task.lease = None
-                return True
-        return False
-
-    def _keeps_slot(self) -> bool:
-        """Whether a batch handed to the user may keep its slot: not once
-        the pool is at its cap with every slot taken, since the user may
-        keep every batch (see _acquire_at_cap)."""
-        if not self._copy_out:
-            pool = self.workers.pool
-            self._copy_out = (pool.free_slots == 0 and pool.max_bytes > 0
-                              and pool.max_bytes - pool.nbytes < pool.slot_size)
-        return not self._copy_out
-
-    def _settle(self, awaited_worker: int | None = None) -> None:
-        """Do the work put off to return a ready batch sooner: growing the
-        pool (a new segment, tens of milliseconds for large slots) for a
-        worker that waits for a bigger slot, or to replace a delivered task.
-        Only the pool's growth phase puts anything off. While the next batch
-        is awaited from ``awaited_worker``, only what it waits on (every
-        request of that worker, which loads its tasks in order) and what
-        costs no growth is done."""
-        self._serve_needs(awaited_worker)
-        if awaited_worker is None and self._owed:
-            while self._owed:
-                self._owed -= 1
-                self._dispatch()
-            self._serve_needs(None)  # those that came while a dispatch waited at the cap
-
-    def _serve_needs(self, awaited_worker: int | None) -> None:
-        """Answer the workers' requests for a bigger slot (see _settle for
-        ``awaited_worker``), those that come while one waits at the pool's
-        cap too: a worker whose request stayed unanswered here could keep
-        the wait that follows from ever ending."""
-        pool = self.workers.pool
-        put_off = []
-        while self._needs:
-            message = self._needs.pop(0)
-            task = self.table.in_flight.get(message[1]) or self.table.stale.get(message[1])
-            if (awaited_worker is None or task is None or task.worker_id == awaited_worker
-                    or (message[2] <= pool.slot_size and pool.free_slots)):
-                self._reslot(message[1], message[2])
-            else:
-                put_off.append(message)
-        self._needs = put_off
-
-    def _reslot(self, task_id: int, nbytes: int) -> None:
-        """A bigger slot for task ``task_id``, whose worker waits for it."""
-        table, pool = self.table, self.workers.pool
-        task = table.in_flight.get(task_id) or table.stale.get(task_id)
-        if task is None or _holds(task, nbytes):
-            return  # answered already, or a late slot offered before it asked
-        if pool.max_bytes and nbytes > pool.max_bytes:
-            # No slot will ever hold it: the worker fails that batch instead.
-            task.awaits_slot = False
-            self.workers.send(task.worker_id, (RESLOT, task_id, None, pool.max_bytes))
-            return
-        task.lease = pool.acquire(nbytes) or self._acquire_at_cap()
-        task.awaits_slot = False
-        self.workers.send(task.worker_id, (RESLOT, task_id, _slot_of(task.lease), 0))
 
     # -- the workers' answers --------------------------------------------
 
@@ -613,7 +422,7 @@ class ProcessDispatcher:
             return  # else an answer to a RESET given up
         if kind == NEED:
             task = table.in_flight.get(task_id) or table.stale.get(task_id)
-            if task is not None and not _holds(task, message[2]):
+            if task is not None and not holds(task, message[2]):
                 # Its worker waits for the RESLOT and writes nothing more
                 # into a slot the batch did not fit: that slot is free now,
                 # which at the pool's cap may be what lets the request be

@@ -21,7 +21,7 @@ Main process -> worker (task ring):
                                    segment_id NO_SEGMENT: no slot yet, the
                                    worker asks for one of ``capacity`` bytes
                                    (NEED) once the batch is fetched (NOTE
-                                   [ Late slots ] in fastload._process_dispatch)
+                                   [ Late slots ] in fastload._process_slots)
   (TASK_INDEX_IN_SLOT, task_id, nbytes, slot)
                                    the same, with an index whose pickle is
                                    larger than a record: its ``nbytes``

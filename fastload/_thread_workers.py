@@ -31,7 +31,7 @@ lookahead's reads.
   only hands the batch over. A worker thread takes its slot when its batch
   is fetched and about to be written (``ThreadSlots``), so a task queued
   or still fetching holds none (NOTE [ Late slots ] in
-  fastload._process_dispatch says why that matters for large batches);
+  fastload._process_slots says why that matters for large batches);
   its reference keeps the slot leased while it writes (also for a task of
   an epoch given up, whose answer is dropped), then the batch's arrays
   hold the Lease, so a slot is reused only when the last view of its

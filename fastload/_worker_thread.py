@@ -60,7 +60,7 @@ class ThreadSlots:
     workers ]). Each thread takes a slot as it writes a batch, not when its
     task is sent, so the pool holds slots for batches being written or
     held, never for tasks still queued (NOTE [ Late slots ] in
-    fastload._process_dispatch). ``size``: the most a batch too large for
+    fastload._process_slots). ``size``: the most a batch too large for
     its slot asked for, which later slots get. The lock keeps the threads'
     acquires apart: making a segment releases the GIL."""
 

@@ -420,7 +420,7 @@ class Megabytes(fl.Dataset):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("in_order", [True, False])
 def test_late_slots_give_every_batch_as_without_workers(in_order):
-    from fastload._process_dispatch import LATE_SLOT_BYTES
+    from fastload._process_slots import LATE_SLOT_BYTES
 
     def summary(batches):
         return sorted((b["y"].tolist(), float(b["x"].sum())) for b in batches)
