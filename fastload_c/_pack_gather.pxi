@@ -4,6 +4,9 @@ from cpython.long cimport PyLong_AsSsize_t, PyLong_CheckExact
 from cpython.number cimport PyNumber_AsSsize_t
 
 
+# gather_into's layouts, by what they depend on.
+cdef dict _gather_layouts = {}
+
 
 def gather_into(columns, indices, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1):
     """Copy rows ``indices`` of each column into the slot, as ``col[indices]``.
@@ -39,10 +42,6 @@ def gather_into(columns, indices, target, Py_ssize_t offset=0, Py_ssize_t capaci
     t.check(lo.nbytes)
     _gather_columns(cols, given, lo, t.base)
     return lo.layout
-
-
-# gather_into's layouts, by what they depend on.
-cdef dict _gather_layouts = {}
 
 
 # Layouts a RowGather keeps, one per batch length (the last batch of an
