@@ -202,7 +202,7 @@ cdef class SlabPool:
         cdef size_t used = self.nbytes
         cdef size_t n = self.slots_per_segment
         if self.segment_bytes:
-            n = max(1, min(n, self.segment_bytes // self.slot_size))
+            n = max(<size_t>1, min(n, self.segment_bytes // self.slot_size))
         if self.max_bytes:
             if used >= self.max_bytes or (self.max_bytes - used) // self.slot_size == 0:
                 return None
