@@ -236,7 +236,7 @@ cdef cnp.ndarray _index_array(object indices):
     if cnp.PyArray_Check(indices):
         out = <cnp.ndarray>indices
         if (cnp.PyArray_TYPE(out) == cnp.NPY_INTP and cnp.PyArray_NDIM(out) == 1
-                and cnp.PyArray_IS_C_CONTIGUOUS(out)):
+                and cnp.PyArray_IS_C_CONTIGUOUS(out) and cnp.PyArray_ISNOTSWAPPED(out)):
             return out
         if out.dtype.kind not in "iu" or cnp.PyArray_NDIM(out) != 1:
             raise TypeError("gather_into: indices must be a 1-d array of integers, got {} of "

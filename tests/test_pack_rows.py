@@ -49,6 +49,7 @@ def _columns():
 @pytest.mark.parametrize("index", [
     [3, -1, 0], list(range(50)) * 7,                 # past the 256 indices kept on the stack
     np.arange(40, dtype=np.intp)[::-3],              # a strided index array
+    np.array([4, 2, 49], dtype=np.dtype(np.intp).newbyteorder()),  # not native order
     np.array([4, 2], dtype=np.uint8), (1, 2), range(5),
 ])
 def test_row_gather_gives_what_gather_into_and_numpy_give(index):
