@@ -3,8 +3,9 @@ fastload_c/src/fl_copy.c).
 
     PYTHONPATH=. python bench/bench_gather.py [--repeats 5]
 
-For each row size, a float32 array of 1 M rows (256 K rows of 1 KiB), 64
-batches of 256 random row indices, and two contenders taking them in turn:
+For each row size, a float32 array (1 M rows of 16 B and of 64 B, 512 K
+rows of 256 B, 256 K rows of 1 KiB), 64 batches of 256 random row indices,
+and two contenders taking them in turn:
 ``pack.RowGather(array).into(index, slot)``, the copy fastload's workers and
 small gathers make, and ``array.take(index, axis=0)`` into a new array. Each
 repeat times both, in alternating order, over ``--number`` batches; the
