@@ -126,9 +126,10 @@ ptrdiff_t fl_normalize_indices(ptrdiff_t *idx, size_t n, ptrdiff_t len)
  * and several misses in flight overlap (NOTE [ Row gathers ]). */
 #define FL_PREFETCH_ROWS 8
 
-/* Rows of a fixed small size: the copy inlined, the rows FL_PREFETCH_ROWS
- * ahead prefetched (their first and last byte: a row may span two lines). */
-#define FL_GATHER_FIXED(SIZE)                                                   \
+/* Rows of SIZE bytes, the rows FL_PREFETCH_ROWS ahead prefetched (their
+ * first and last byte: a row may span two lines). With SIZE a constant the
+ * copy is inlined. */
+#define FL_GATHER_ROWS(SIZE)                                                    \
     for (size_t i = 0; i < n; i++) {                                            \
         if (i + FL_PREFETCH_ROWS < n) {                                         \
             const char *ahead = src + idx[i + FL_PREFETCH_ROWS] * stride0;      \
@@ -175,19 +176,13 @@ void fl_gather_rows(char *dst, const char *src, ptrdiff_t stride0, const ptrdiff
         return;
     }
     switch (row_bytes) {
-    case 1: FL_GATHER_FIXED(1) return;
-    case 2: FL_GATHER_FIXED(2) return;
-    case 4: FL_GATHER_FIXED(4) return;
-    case 8: FL_GATHER_FIXED(8) return;
-    case 16: FL_GATHER_FIXED(16) return;
-    case 32: FL_GATHER_FIXED(32) return;
-    case 64: FL_GATHER_FIXED(64) return;
-    default:
-        break;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (i + FL_PREFETCH_ROWS < n)
-            __builtin_prefetch(src + idx[i + FL_PREFETCH_ROWS] * stride0);
-        memcpy(dst + i * row_bytes, src + idx[i] * stride0, row_bytes);
+    case 1: FL_GATHER_ROWS(1) return;
+    case 2: FL_GATHER_ROWS(2) return;
+    case 4: FL_GATHER_ROWS(4) return;
+    case 8: FL_GATHER_ROWS(8) return;
+    case 16: FL_GATHER_ROWS(16) return;
+    case 32: FL_GATHER_ROWS(32) return;
+    case 64: FL_GATHER_ROWS(64) return;
+    default: FL_GATHER_ROWS(row_bytes) return;
     }
 }
