@@ -22,26 +22,20 @@ def gather_into(columns, indices, target, Py_ssize_t offset=0, Py_ssize_t capaci
     Returns the layout for unpack; SlotTooSmallError when it does not fit.
     RowGather does the same for columns gathered batch after batch.
     """
-    cdef bint single = cnp.PyArray_Check(columns) or _is_any_tensor(columns)
-    cdef tuple cols = (columns,) if single else tuple(columns)
-    cdef tuple tensors = tuple([_is_any_tensor(col) for col in cols])
-    if any(tensors):
-        cols = tuple([_tensor_as_array(col) if tensor else col
-                      for col, tensor in zip(cols, tensors)])
+    cdef RowGather gather = RowGather(columns)
+    cdef tuple cols = gather._numpy_columns()
     cdef cnp.ndarray given = _index_array(indices)
     cdef Py_ssize_t n = cnp.PyArray_DIMS(given)[0]
     _check_columns(cols)
-    cdef tuple key = (single, n, tensors) + tuple([(col.dtype, col.shape[1:]) for col in cols])
+    cdef tuple key = ((gather._single, n, gather._tensors)
+                      + tuple([(col.dtype, col.shape[1:]) for col in cols]))
     cdef _GatherLayout lo = _gather_layouts.get(key)
     if lo is None:
-        lo = _new_gather_layout(cols, n, single, tensors)
+        lo = _new_gather_layout(cols, n, gather._single, gather._tensors)
         if len(_gather_layouts) >= 64:
             _gather_layouts.clear()
         _gather_layouts[key] = lo
-    cdef _Target t = _target(target, offset, capacity)
-    t.check(lo.nbytes)
-    _gather_columns(cols, given, lo, t.base)
-    return lo.layout
+    return _write(cols, given, lo, target, offset, capacity)
 
 
 # Layouts a RowGather keeps, one per batch length (the last batch of an
@@ -149,10 +143,7 @@ cdef class RowGather:
     def into(self, indices, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1):
         """gather_into(columns, indices, target, offset, capacity) of this
         gather's columns."""
-        cdef tuple cols = self._given
-        if self._any_tensor:
-            cols = tuple([_tensor_as_array(col) if tensor else col
-                          for col, tensor in zip(cols, self._tensors)])
+        cdef tuple cols = self._numpy_columns()
         cdef cnp.ndarray given = _index_array(indices)
         cdef Py_ssize_t n = cnp.PyArray_DIMS(given)[0]
         cdef _GatherLayout lo = self._last
@@ -164,10 +155,25 @@ cdef class RowGather:
                     self._layouts.clear()
                 self._layouts[n] = lo
             self._last = lo
-        cdef _Target t = _target(target, offset, capacity)
-        t.check(lo.nbytes)
-        _gather_columns(cols, given, lo, t.base)
-        return lo.layout
+        return _write(cols, given, lo, target, offset, capacity)
+
+    cdef tuple _numpy_columns(self):
+        """The columns, tensors as numpy views of them, made anew at each
+        call: a tensor can be resized in place."""
+        if not self._any_tensor:
+            return self._given
+        return tuple([_tensor_as_array(col) if tensor else col
+                      for col, tensor in zip(self._given, self._tensors)])
+
+
+cdef bytes _write(tuple cols, cnp.ndarray given, _GatherLayout lo, object target,
+                  Py_ssize_t offset, Py_ssize_t capacity):
+    """The gather of rows ``given`` of ``cols`` into the slot, by ``lo``;
+    its layout. SlotTooSmallError when it does not fit."""
+    cdef _Target t = _target(target, offset, capacity)
+    t.check(lo.nbytes)
+    _gather_columns(cols, given, lo, t.base)
+    return lo.layout
 
 
 cdef int _gather_columns(tuple cols, cnp.ndarray given, _GatherLayout lo, char *base) except -1:
