@@ -174,8 +174,11 @@ class BatchWriter:
     """The writes of one worker's batches (NOTE [ Fast paths ])."""
 
     def __init__(self, dataset: Any, kind: DatasetKind, auto_collation: bool,
-                 collate_fn: Callable[[Any], Any]) -> None:
+                 collate_fn: Callable[[Any], Any], *, unmapped_slot_bytes: int = 0) -> None:
         self._default_collation = _default_collation(auto_collation, collate_fn)
+        # Slots this large are collated into through their segment's file
+        # where it is open (NOTE [ Unmapped slots ] in fastload._memory).
+        self._unmapped_slot_bytes = unmapped_slot_bytes
         # Under torch's rules a leaf whose samples differ in dtype, or of no
         # number's dtype, is the general path's (default_collate_torch_rules).
         self._numpy_rules = collate_fn is default_collate
@@ -238,7 +241,10 @@ class BatchWriter:
             return (lambda t, o, c: pack.gather_into(columns, everything, t, o, c),
                     lambda: fetcher.collate(samples, index))
         numpy_rules = self._numpy_rules
-        return (lambda t, o, c: pack.collate_into(samples, t, o, c, numpy_rules=numpy_rules),
+        unmapped = self._unmapped_slot_bytes
+        return (lambda t, o, c: pack.collate_into(
+                    samples, t, o, c, numpy_rules=numpy_rules,
+                    fd=t.fd if unmapped and c >= unmapped else -1),
                 lambda: fetcher.collate(samples, index))
 
 

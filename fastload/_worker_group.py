@@ -197,7 +197,7 @@ class WorkerGroup:
         self.batch_bytes = _memory.batch_slot_bytes(loader.dataset, loader.batch_size)
         self.pool = _memory.new_pool(
             self.batch_bytes or INITIAL_SLOT_BYTES,
-            pin_memory=loader.pin_memory,
+            pin_memory=loader.pin_memory, unmapped_slot_bytes=_memory.UNMAPPED_SLOT_BYTES,
             on_segment=channels.send_segment, on_retire=channels.retire_segment)
         initial_segments = {seg_id: segment for seg_id, segment, _, _ in self.pool.segments}
         parent_death = threading.current_thread() is threading.main_thread()

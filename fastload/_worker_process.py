@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload import _checkpoint, _datapipes, _protocol
+from fastload import _checkpoint, _datapipes, _memory, _protocol
 from fastload._fast_path import BatchWriter
 from fastload._fetch import DatasetKind, create_fetcher, describe_failure
 from fastload._protocol import (
@@ -122,7 +122,8 @@ class _Worker:
         self.kind: DatasetKind = config["dataset_kind"]
         self.auto_collation: bool = config["auto_collation"]
         self.collate_fn = config["collate_fn"]
-        self.writer = BatchWriter(self.dataset, self.kind, self.auto_collation, self.collate_fn)
+        self.writer = BatchWriter(self.dataset, self.kind, self.auto_collation, self.collate_fn,
+                                  unmapped_slot_bytes=_memory.UNMAPPED_SLOT_BYTES)
         self.backlog: deque[tuple[Any, ...]] = deque()
         self.fetcher: Any = None
         self.ended = False
@@ -235,8 +236,16 @@ class _Worker:
         if len(received) != 1 or received[0].size != nbytes:
             raise RuntimeError(f"expected segment {segment_id} of {nbytes} bytes, "
                                f"got {[s.size for s in received]}")
-        self.segments[segment_id] = segment = received[0]
-        segment.close_fd()  # mapped: descriptors must not grow with the pool
+        self.add_segment(segment_id, received[0])
+
+    def add_segment(self, segment_id: int, segment: Segment) -> None:
+        """Keep ``segment``, mapped; its descriptor only where its slots may
+        be written unmapped (NOTE [ Unmapped slots ] in fastload._memory),
+        as descriptors must not grow with the pool."""
+        kept = sum(s.fd >= 0 for s in self.segments.values())
+        if segment.size < _memory.UNMAPPED_SLOT_BYTES or kept >= _memory.UNMAPPED_SEGMENT_FDS:
+            segment.close_fd()
+        self.segments[segment_id] = segment
 
     def load(self, task_id: int, index: Any, slot: tuple[int, int, int]) -> None:
         if self.ended:
@@ -356,8 +365,7 @@ def worker_main(config: dict[str, Any], task_ring: Any, result_ring: Any,
         # the parent's slab pool (inherited too) holds buffer views of: a RETIRE
         # could never unmap them. The worker maps each one itself instead.
         for segment_id, segment in segments.items():
-            worker.segments[segment_id] = Segment.attach(os.dup(segment.fd), segment.size)
-            worker.segments[segment_id].close_fd()
+            worker.add_segment(segment_id, Segment.attach(os.dup(segment.fd), segment.size))
         if config["worker_init_fn"] is not None:
             where = "in worker_init_fn"
             config["worker_init_fn"](worker_id)

@@ -94,6 +94,7 @@ from fastload_c.errors import CollateError, FastloadError
 cnp.import_array()
 
 include "_nogil.pxi"
+include "_status.pxi"
 include "_pack_common.pxi"
 include "_pack_gather.pxi"
 include "_pack_pickle.pxi"
@@ -517,7 +518,7 @@ cdef str _type_name(type t):
 
 
 def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1, *,
-                 bint numpy_rules=True):
+                 bint numpy_rules=True, int fd=-1):
     """Collate ``samples`` into the slot ``target[offset:offset + capacity]``.
 
     The batch equals fastload's default_collate of the same samples (same
@@ -534,6 +535,11 @@ def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1, *
     stacks them. With ``numpy_rules`` False both raise TypeError instead:
     the caller's rules for them are others (torch's default_collate
     promotes by torch's rules and refuses those dtypes).
+    ``fd``, when not -1, is a file whose bytes from its start are target's
+    (a Segment's memfd): the arrays' C-contiguous rows are written to it
+    with pwritev instead of through target, so this process maps none of
+    their pages (NOTE [ Unmapped slots ] in fastload/_memory.py); OSError
+    when that write fails.
     """
     global _last_plan
     # Our own tuple: the walk borrows its items, and a user's __getitem__ or
@@ -559,7 +565,7 @@ def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1, *
         plan = _make_plan(batch[0], n, _promoted(plan, w))
     t.check(plan.nbytes)
     _write_scalars(plan, w, t.base)
-    _copy_arrays(plan, w, t.base)
+    _copy_arrays(plan, w, t.base, fd, offset)
     _write_by_numpy(plan, w, t)
     if plan.nvalues == 0:
         return plan.layout
@@ -647,12 +653,32 @@ cdef int _write_scalars(_Plan plan, _Walk w, char *base) except -1:
     return 0
 
 
-cdef int _copy_arrays(_Plan plan, _Walk w, char *base) except -1:
-    if plan.nbytes >= NOGIL_MIN_BYTES:
+cdef int _copy_arrays(_Plan plan, _Walk w, char *base, int fd, long long at) except -1:
+    cdef int rc = 0
+    if fd >= 0:
+        with nogil:
+            rc = _write_plan_arrays(plan.copies, plan.ncopies, plan.batch, w.src, w.strides,
+                                    base, fd, at)
+        if rc != 0:
+            raise_errno("collate_into: cannot write the batch to its slot's file")
+    elif plan.nbytes >= NOGIL_MIN_BYTES:
         with nogil:
             _copy_plan_arrays(plan.copies, plan.ncopies, plan.batch, w.src, w.strides, base)
     else:
         _copy_plan_arrays(plan.copies, plan.ncopies, plan.batch, w.src, w.strides, base)
+    return 0
+
+
+cdef int _write_plan_arrays(const _Copy *copies, Py_ssize_t ncopies, Py_ssize_t b,
+                            const char **src, const cnp.npy_intp **strides,
+                            char *base, int fd, long long at) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef const _Copy *c
+    for i in range(ncopies):
+        c = &copies[i]
+        if fl_write_rows(fd, at + c.offset, base + c.offset, c.row_bytes, src + c.leaf * b,
+                         strides + c.leaf * b, c.ndim, c.shape, c.itemsize, b) != 0:
+            return -1
     return 0
 
 

@@ -14,6 +14,7 @@ cdef extern from "fl_slab.h" nogil:
     uint32_t fl_slots_count(const fl_slots *slots)
     size_t fl_slab_round_slot(size_t size, size_t page)
     size_t fl_slab_grown_slot_size(size_t current, size_t need, size_t page, int headroom)
+    int fl_slab_unmap_pages(void *addr, size_t size)
 
 
 # One segment of the pool, cut into equal slots, and which of them are free.
@@ -24,6 +25,7 @@ cdef class _SlabSegment:
     cdef fl_slots *slots
     cdef Py_buffer view
     cdef bint held
+    cdef bint unmap_free          # a free slot keeps no page mapped here
 
 
 cdef class Lease:
@@ -41,6 +43,7 @@ cdef class SlabPool:
     cdef readonly size_t max_bytes
     cdef readonly uint32_t slots_per_segment
     cdef readonly size_t segment_bytes
+    cdef readonly size_t unmapped_slot_bytes
     cdef int _next_id
     cdef bint _closed
     cdef bint _sized_by_batch     # the slot size came from a batch's need

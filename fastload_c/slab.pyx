@@ -100,9 +100,18 @@ cdef class Lease:
         raise TypeError("Leases come from SlabPool.acquire()")
 
     def __dealloc__(self):
-        if self._owner is not None:
-            # Cannot fail: this Lease took the slot and is its only owner.
-            fl_slots_give(self._owner.slots, self.slot)
+        cdef int rc = 0
+        if self._owner is None:
+            return
+        # Unmapped before the slot is free: nobody can be using it. mlock
+        # keeps a pinned segment's pages mapped (and madvise refuses).
+        if self._owner.unmap_free and not self._owner.segment._pinned:
+            with nogil:
+                rc = fl_slab_unmap_pages(self.addr, self.capacity)
+        # Cannot fail: this Lease took the slot and is its only owner.
+        fl_slots_give(self._owner.slots, self.slot)
+        if rc != 0:  # reported as unraisable: a dealloc cannot raise
+            raise_errno("cannot unmap the pages of a free slot")
 
     @property
     def segment_id(self):
@@ -131,6 +140,9 @@ cdef class SlabPool:
     pass ``segment_bytes`` (0: no limit), never fewer than one; the first
     segment is made here.
     ``max_bytes`` caps the bytes of all segments (0: no cap but memory).
+    Slots of ``unmapped_slot_bytes`` or more (0: none) keep no page mapped
+    in this process while free; their contents stay in the segment (NOTE
+    [ Unmapped slots ] in fastload/_memory.py says why).
     ``on_segment(id, segment, slot_size, nslots)`` is called for every new
     segment before any of its slots is used (pin it, send it to workers); if
     it raises, the segment is discarded and the exception propagates.
@@ -139,7 +151,8 @@ cdef class SlabPool:
     """
 
     def __init__(self, size_t slot_size, *, uint32_t slots_per_segment=4,
-                 size_t segment_bytes=0, size_t max_bytes=0, on_segment=None, on_retire=None):
+                 size_t segment_bytes=0, size_t max_bytes=0, size_t unmapped_slot_bytes=0,
+                 on_segment=None, on_retire=None):
         if slot_size == 0 or slots_per_segment == 0:
             raise ValueError("slot_size and slots_per_segment must be positive")
         self.slot_size = fl_slab_round_slot(slot_size, _PAGE)
@@ -148,6 +161,7 @@ cdef class SlabPool:
         self.slots_per_segment = slots_per_segment
         self.segment_bytes = segment_bytes
         self.max_bytes = max_bytes
+        self.unmapped_slot_bytes = unmapped_slot_bytes
         self._on_segment = on_segment
         self._on_retire = on_retire
         self._segments = []
@@ -219,6 +233,8 @@ cdef class SlabPool:
                 segment.close()
                 raise
         seg = _SlabSegment(seg_id, segment, self.slot_size, <uint32_t>n)
+        seg.unmap_free = (self.unmapped_slot_bytes != 0
+                          and self.slot_size >= self.unmapped_slot_bytes)
         self._next_id += 1
         self._segments.append(seg)
         return seg

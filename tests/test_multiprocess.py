@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from _mapped import mapped_shared_memory
 
 import fastload as fl
 
@@ -222,6 +223,43 @@ def test_persistent_workers_outgrow_their_first_slots(method):
     for _ in range(3):
         got = np.concatenate([b[0] for b in loader])
         assert got.tobytes() == x.tobytes()
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_slots_of_large_batches_are_mapped_only_where_a_batch_is_held(method):
+    # NOTE [ Unmapped slots ]: workers write batches of 8 MiB through the
+    # segments' files, and the main process unmaps a slot once it is free.
+    # Megabytes: samples of 1 MiB made in Python, default collation.
+    want = list(fl.DataLoader(Megabytes(), batch_size=8))
+    loader = fl.DataLoader(Megabytes(), batch_size=8, num_workers=2,
+                           multiprocessing_context=method, persistent_workers=True)
+    for _ in range(2):
+        batches = iter(loader)
+        for got, expected in zip(batches, want, strict=True):
+            assert got["x"].tobytes() == expected["x"].tobytes()
+            assert got["y"].tolist() == expected["y"].tolist()
+        del got
+        assert loader.stats().pool_bytes >= 2 * (8 << 20)
+        # Rings and the first slots are small: written through their
+        # mappings, the slots alone would be 8 MiB in a worker or more.
+        for pid in batches.worker_pids:
+            assert mapped_shared_memory(pid) < 2 << 20
+        assert mapped_shared_memory("self") < 2 << 20
+
+
+def test_a_worker_keeps_the_descriptors_of_large_segments_up_to_a_bound(monkeypatch):
+    from fastload import _memory
+    from fastload._worker_process import _Worker
+    from fastload_c.shm import Segment
+
+    monkeypatch.setattr(_memory, "UNMAPPED_SEGMENT_FDS", 2)
+    worker = _Worker.__new__(_Worker)
+    worker.segments = {}
+    large = _memory.UNMAPPED_SLOT_BYTES
+    for segment_id, size in enumerate([4096, large, large, large]):
+        worker.add_segment(segment_id, Segment(size))
+    assert [s.fd >= 0 for s in worker.segments.values()] == [False, True, True, False]
+    assert all(not s.closed for s in worker.segments.values())  # all mapped
 
 
 def test_the_pool_reserves_little_more_than_the_slots_in_use():

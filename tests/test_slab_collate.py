@@ -2,10 +2,12 @@
 (written here from its rules, with np.stack) and numpy fancy indexing."""
 import collections
 import copy
+import os
 from collections.abc import Mapping, MutableMapping
 
 import numpy as np
 import pytest
+from _mapped import mapped_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -84,6 +86,15 @@ def seg():
 def collate(samples, seg):
     # A slot that does not start the segment: offsets are the slot's own.
     return unpack(memoryview(seg)[64:], collate_into(samples, seg, 64, seg.size - 64))
+
+
+def collate_through_file(samples, seg):
+    """As collate, the arrays' rows written to the segment's memfd (NOTE [
+    Unmapped slots ]); the slot is zeroed first, so a row the write missed
+    shows."""
+    np.frombuffer(seg, np.uint8)[:] = 0
+    layout = collate_into(samples, seg, 64, seg.size - 64, fd=seg.fd)
+    return unpack(memoryview(seg)[64:], layout)
 
 
 # -- random sample structures ------------------------------------------------
@@ -170,6 +181,7 @@ def test_collate_into_slot_equals_default_collate(seg, schema, batch, seed):
     # Again: the plan cached from this batch must serve the next one.
     samples = [make_sample(schema, rng) for _ in range(batch)]
     assert_same(collate(samples, seg), reference_collate(samples))
+    assert_same(collate_through_file(samples, seg), reference_collate(samples))
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
@@ -216,6 +228,32 @@ def test_samples_viewing_one_array_and_mixed_contiguity(seg):
     base = np.arange(40, dtype=np.float32).reshape(10, 4)
     samples = [base[i] for i in range(10)] + [base[::-1][2], base.T[1, :4].copy()]
     assert_same(collate(samples, seg), reference_collate(samples))
+
+
+def test_a_collation_through_the_file_maps_none_of_the_arrays_pages():
+    segment = Segment(8 << 20)
+    rows = np.arange(1 << 20, dtype=np.float32).reshape(8, -1)  # rows of 512 KiB
+    # Rows of one array (one iovec), separate arrays, a strided one (copied
+    # through the mapping), numbers.
+    samples = [(rows[i] if i < 4 else rows[i].copy(), i) for i in range(8)]
+    samples[6] = (rows[::-1][1], 6)
+    layout = collate_into(samples, segment, 4096, 6 << 20, fd=segment.fd)
+    # The strided row and the page of the labels.
+    assert mapped_bytes(segment.address, segment.size) <= (512 << 10) + 2 * 4096
+    batch = unpack(memoryview(segment)[4096:], layout)
+    assert_same(batch, reference_collate(samples))
+    # Written through the mapping, every page of the batch is mapped.
+    other = Segment(8 << 20)
+    collate_into(samples, other, 4096, 6 << 20)
+    assert mapped_bytes(other.address, other.size) >= 4 << 20
+
+
+def test_a_failed_write_through_the_file_raises_and_the_next_collation_works(seg):
+    samples = [np.ones(1024, np.float32)] * 4
+    with open(os.devnull, "rb") as read_only:
+        with pytest.raises(OSError, match="cannot write the batch to its slot's file"):
+            collate_into(samples, seg, fd=read_only.fileno())
+    assert_same(collate_through_file(samples, seg), reference_collate(samples))
 
 
 def test_shape_mismatch_names_both_samples_and_shapes(seg):

@@ -1,7 +1,9 @@
 #include "fl_copy.h"
 
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/uio.h>
 
 /* numpy allows up to 64 dimensions (NPY_MAXDIMS). */
 #define FL_MAXDIMS 64
@@ -107,6 +109,76 @@ void fl_copy_rows(char *dst, size_t row_bytes, const char *const *src,
         memcpy(dst + i * row_bytes, src[i], (j - i) * row_bytes);
         i = j;
     }
+}
+
+/* Rows written by one pwritev at most; IOV_MAX is 1024 on Linux. */
+#define FL_WRITE_IOVS 256
+
+/* Write iov[0..count) to fd at `at`, retrying short writes and EINTR. The
+ * iovecs are consumed. */
+static int write_all(int fd, off_t at, struct iovec *iov, int count)
+{
+    while (count > 0) {
+        ssize_t done = pwritev(fd, iov, count, at);
+        if (done < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        if (done == 0) {
+            /* No progress on a regular file: the slot lies past its end. */
+            errno = EIO;
+            return -1;
+        }
+        at += done;
+        while (count > 0 && (size_t)done >= iov->iov_len) {
+            done -= (ssize_t)iov->iov_len;
+            iov++;
+            count--;
+        }
+        if (count > 0) {
+            iov->iov_base = (char *)iov->iov_base + done;
+            iov->iov_len -= (size_t)done;
+        }
+    }
+    return 0;
+}
+
+int fl_write_rows(int fd, off_t at, char *dst, size_t row_bytes, const char *const *src,
+                  const ptrdiff_t *const *strides, int ndim, const ptrdiff_t *dims,
+                  size_t itemsize, size_t n)
+{
+    struct iovec iov[FL_WRITE_IOVS];
+    if (row_bytes == 0)
+        return 0;
+    size_t i = 0;
+    while (i < n) {
+        if (strides[i] != NULL) {
+            fl_copy_strided(dst + i * row_bytes, src[i], ndim, dims, strides[i], itemsize);
+            i++;
+            continue;
+        }
+        /* Contiguous rows i..j lie back to back in the file: one pwritev,
+         * with rows consecutive in the source merged into one iovec. */
+        size_t j = i;
+        int count = 0;
+        while (j < n && strides[j] == NULL) {
+            if (count > 0 && src[j] == (const char *)iov[count - 1].iov_base + iov[count - 1].iov_len) {
+                iov[count - 1].iov_len += row_bytes;
+            } else if (count < FL_WRITE_IOVS) {
+                iov[count].iov_base = (void *)src[j];
+                iov[count].iov_len = row_bytes;
+                count++;
+            } else {
+                break;
+            }
+            j++;
+        }
+        if (write_all(fd, at + (off_t)(i * row_bytes), iov, count) != 0)
+            return -1;
+        i = j;
+    }
+    return 0;
 }
 
 ptrdiff_t fl_normalize_indices(ptrdiff_t *idx, size_t n, ptrdiff_t len)

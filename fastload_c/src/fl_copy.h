@@ -7,6 +7,7 @@
 #define FL_COPY_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 /* Every leaf's region in a slot starts on this boundary: a cache line, and
  * the widest alignment any numpy dtype or SIMD load asks for. */
@@ -24,6 +25,15 @@ void fl_copy_strided(char *dst, const char *src, int ndim, const ptrdiff_t *dims
  * the strided array (ndim, dims, strides[i]). Rows that already lie back to
  * back in the source are copied as one block. */
 void fl_copy_rows(char *dst, size_t row_bytes, const char *const *src,
+                  const ptrdiff_t *const *strides, int ndim, const ptrdiff_t *dims,
+                  size_t itemsize, size_t n);
+
+/* As fl_copy_rows, into a slot that `dst` maps from the file `fd` at offset
+ * `at`: the C-contiguous rows are written to the file with pwritev, so this
+ * process maps none of their pages; strided rows are copied through `dst`.
+ * Returns 0, or -1 with errno set (NOTE [ Unmapped slots ] in
+ * fastload/_memory.py says why). */
+int fl_write_rows(int fd, off_t at, char *dst, size_t row_bytes, const char *const *src,
                   const ptrdiff_t *const *strides, int ndim, const ptrdiff_t *dims,
                   size_t itemsize, size_t n);
 

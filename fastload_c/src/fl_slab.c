@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 struct fl_slots {
     uint32_t count;
@@ -87,4 +88,9 @@ size_t fl_slab_grown_slot_size(size_t current, size_t need, size_t page, int hea
         return 0;
     size_t size = fl_slab_round_slot(want, page);
     return size > current ? size : current;
+}
+
+int fl_slab_unmap_pages(void *addr, size_t size)
+{
+    return madvise(addr, size, MADV_DONTNEED);
 }

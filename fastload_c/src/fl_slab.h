@@ -36,4 +36,10 @@ size_t fl_slab_round_slot(size_t size, size_t page);
  * least `current`. 0 on overflow. */
 size_t fl_slab_grown_slot_size(size_t current, size_t need, size_t page, int headroom);
 
+/* Unmap this process's pages of the slot at `addr` (`size` bytes, whole
+ * pages) without discarding them: its contents stay in the segment and a
+ * later access maps them again (madvise MADV_DONTNEED of a shared mapping).
+ * 0, or -1 with errno set. */
+int fl_slab_unmap_pages(void *addr, size_t size);
+
 #endif

@@ -2,6 +2,8 @@
  * shapes, strides (negative and zero too) and item sizes, up to numpy's 64
  * dimensions. ASan catches a read or write outside the arrays. */
 #include "check.h"
+
+#include <fcntl.h>
 #include "fl_copy.h"
 
 enum { MAXD = 64 };
@@ -83,19 +85,33 @@ static void test_copy_strided_matches_the_reference(void)
     }
 }
 
-static void test_copy_rows_merges_back_to_back_rows(void)
+/* A slot of `size` bytes in a memfd, mapped shared, as a pool segment. */
+static char *file_slot(int *fd, size_t size)
+{
+    *fd = memfd_create("test_copy", 0);
+    CHECK(*fd >= 0 && ftruncate(*fd, (off_t)size) == 0);
+    char *map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+    CHECK(map != MAP_FAILED);
+    return map;
+}
+
+/* fl_copy_rows, and fl_write_rows into a file at an offset, against memcpy
+ * and the reference: rows contiguous or strided, often consecutive in their
+ * source, sometimes more than one pwritev takes. */
+static void test_copy_and_write_rows_merge_back_to_back_rows(void)
 {
     uint64_t state = 5;
     for (int trial = 0; trial < 500; trial++) {
         layout a;
         random_layout(&a, &state, 1 + (int)(rnd(&state) % 3), 4);
-        size_t row_bytes = a.count * a.itemsize, n = rnd(&state) % 9;
-        char *pool = random_bytes(a.span * 8 + row_bytes * n, &state);
-        const char *src[8];
-        const ptrdiff_t *strides[8];
+        size_t row_bytes = a.count * a.itemsize;
+        size_t n = trial % 25 == 0 ? 300 + rnd(&state) % 400 : rnd(&state) % 9;
+        char *pool = random_bytes(a.span * n + row_bytes * n, &state);
+        const char **src = malloc((n + 1) * sizeof *src);
+        const ptrdiff_t **strides = malloc((n + 1) * sizeof *strides);
         size_t at = 0;
         char *got = malloc(row_bytes * n + 1), *want = malloc(row_bytes * n + 1);
-        CHECK(got != NULL && want != NULL);
+        CHECK(src != NULL && strides != NULL && got != NULL && want != NULL);
         for (size_t i = 0; i < n; i++) {
             int strided = rnd(&state) % 3 == 0;
             strides[i] = strided ? a.strides : NULL;
@@ -103,7 +119,7 @@ static void test_copy_rows_merges_back_to_back_rows(void)
             if (!strided)
                 at = i > 0 && !strides[i - 1] && rnd(&state) % 2 && at + 1 < n ? at + 1
                    : rnd(&state) % n;
-            src[i] = strided ? pool + a.span * i + a.origin : pool + a.span * 8 + row_bytes * at;
+            src[i] = strided ? pool + a.span * i + a.origin : pool + a.span * n + row_bytes * at;
             if (strided)
                 reference_copy(want + i * row_bytes, src[i], &a);
             else
@@ -111,10 +127,36 @@ static void test_copy_rows_merges_back_to_back_rows(void)
         }
         fl_copy_rows(got, row_bytes, src, strides, a.ndim, a.dims, a.itemsize, n);
         CHECK(memcmp(got, want, row_bytes * n) == 0);
+
+        int fd;
+        size_t offset = 4096 + 64 * (rnd(&state) % 8), size = offset + row_bytes * n + 1;
+        char *map = file_slot(&fd, size);
+        CHECK(fl_write_rows(fd, (off_t)offset, map + offset, row_bytes, src, strides, a.ndim,
+                            a.dims, a.itemsize, n) == 0);
+        CHECK(memcmp(map + offset, want, row_bytes * n) == 0);
+        CHECK(munmap(map, size) == 0 && close(fd) == 0);
         free(pool);
+        free(src);
+        free(strides);
         free(got);
         free(want);
     }
+}
+
+static void test_write_rows_reports_a_failed_write(void)
+{
+    char row[64] = {1};
+    const char *src[] = {row};
+    const ptrdiff_t *strides[] = {NULL};
+    ptrdiff_t dims[] = {64};
+    int fd;
+    char *map = file_slot(&fd, 4096);
+    int read_only = open("/dev/null", O_RDONLY);
+    CHECK(read_only >= 0);
+    errno = 0;
+    CHECK(fl_write_rows(read_only, 0, map, 64, src, strides, 1, dims, 1, 1) == -1
+          && errno == EBADF);
+    CHECK(close(read_only) == 0 && munmap(map, 4096) == 0 && close(fd) == 0);
 }
 
 static void test_gather_rows_and_index_normalization(void)
@@ -164,7 +206,8 @@ static void test_gather_rows_and_index_normalization(void)
 int main(void)
 {
     test_copy_strided_matches_the_reference();
-    test_copy_rows_merges_back_to_back_rows();
+    test_copy_and_write_rows_merge_back_to_back_rows();
+    test_write_rows_reports_a_failed_write();
     test_gather_rows_and_index_normalization();
     puts("ok");
     return 0;
