@@ -9,7 +9,7 @@ cdef extern from "fl_copy.h" nogil:
     void fl_copy_rows(char *dst, size_t row_bytes, const char *const *src,
                       const cnp.npy_intp *const *strides, int ndim, const cnp.npy_intp *dims,
                       size_t itemsize, size_t n)
-    int fl_write_rows(int fd, long long at, char *dst, size_t row_bytes, const char *const *src,
+    int fl_write_rows(int fd, long long at, size_t row_bytes, const char *const *src,
                       const cnp.npy_intp *const *strides, int ndim, const cnp.npy_intp *dims,
                       size_t itemsize, size_t n)
     cnp.npy_intp fl_normalize_indices(cnp.npy_intp *idx, size_t n, cnp.npy_intp length)

@@ -536,9 +536,8 @@ def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1, *
     the caller's rules for them are others (torch's default_collate
     promotes by torch's rules and refuses those dtypes).
     ``fd``, when not -1, is a file whose bytes from its start are target's
-    (a Segment's memfd): the arrays' C-contiguous rows are written to it
-    with pwritev instead of through target, so this process maps none of
-    their pages (NOTE [ Unmapped slots ] in fastload/_memory.py); OSError
+    (a Segment's memfd): the arrays' rows are written to it with pwritev
+    instead of through target, so this process maps none of their pages (NOTE [ Unmapped slots ] in fastload/_memory.py); OSError
     when that write fails.
     """
     global _last_plan
@@ -658,7 +657,7 @@ cdef int _copy_arrays(_Plan plan, _Walk w, char *base, int fd, long long at) exc
     if fd >= 0:
         with nogil:
             rc = _write_plan_arrays(plan.copies, plan.ncopies, plan.batch, w.src, w.strides,
-                                    base, fd, at)
+                                    fd, at)
         if rc != 0:
             raise_errno("collate_into: cannot write the batch to its slot's file")
     elif plan.nbytes >= NOGIL_MIN_BYTES:
@@ -671,13 +670,13 @@ cdef int _copy_arrays(_Plan plan, _Walk w, char *base, int fd, long long at) exc
 
 cdef int _write_plan_arrays(const _Copy *copies, Py_ssize_t ncopies, Py_ssize_t b,
                             const char **src, const cnp.npy_intp **strides,
-                            char *base, int fd, long long at) noexcept nogil:
+                            int fd, long long at) noexcept nogil:
     cdef Py_ssize_t i
     cdef const _Copy *c
     for i in range(ncopies):
         c = &copies[i]
-        if fl_write_rows(fd, at + c.offset, base + c.offset, c.row_bytes, src + c.leaf * b,
-                         strides + c.leaf * b, c.ndim, c.shape, c.itemsize, b) != 0:
+        if fl_write_rows(fd, at + c.offset, c.row_bytes, src + c.leaf * b, strides + c.leaf * b,
+                         c.ndim, c.shape, c.itemsize, b) != 0:
             return -1
     return 0
 

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
 
@@ -111,8 +112,10 @@ void fl_copy_rows(char *dst, size_t row_bytes, const char *const *src,
     }
 }
 
-/* Rows written by one pwritev at most; IOV_MAX is 1024 on Linux. */
+/* Rows written by one pwritev at most (IOV_MAX is 1024 on Linux), and the
+ * bytes of strided rows copied into private memory for one. */
 #define FL_WRITE_IOVS 256
+#define FL_BOUNCE_BYTES (1u << 20)
 
 /* Write iov[0..count) to fd at `at`, retrying short writes and EINTR. The
  * iovecs are consumed. */
@@ -144,41 +147,62 @@ static int write_all(int fd, off_t at, struct iovec *iov, int count)
     return 0;
 }
 
-int fl_write_rows(int fd, off_t at, char *dst, size_t row_bytes, const char *const *src,
+int fl_write_rows(int fd, off_t at, size_t row_bytes, const char *const *src,
                   const ptrdiff_t *const *strides, int ndim, const ptrdiff_t *dims,
                   size_t itemsize, size_t n)
 {
     struct iovec iov[FL_WRITE_IOVS];
+    char *bounce = NULL;
+    size_t bounce_rows = 0, bounced = 0;
+    int count = 0;
+    off_t start = at;  /* where iov[0] goes in the file */
     if (row_bytes == 0)
         return 0;
-    size_t i = 0;
-    while (i < n) {
-        if (strides[i] != NULL) {
-            fl_copy_strided(dst + i * row_bytes, src[i], ndim, dims, strides[i], itemsize);
-            i++;
-            continue;
-        }
-        /* Contiguous rows i..j lie back to back in the file: one pwritev,
-         * with rows consecutive in the source merged into one iovec. */
-        size_t j = i;
-        int count = 0;
-        while (j < n && strides[j] == NULL) {
-            if (count > 0 && src[j] == (const char *)iov[count - 1].iov_base + iov[count - 1].iov_len) {
-                iov[count - 1].iov_len += row_bytes;
-            } else if (count < FL_WRITE_IOVS) {
-                iov[count].iov_base = (void *)src[j];
-                iov[count].iov_len = row_bytes;
-                count++;
-            } else {
-                break;
+    for (size_t i = 0; i < n; i++) {
+        const char *row = src[i];
+        int strided = strides[i] != NULL;
+        if (strided && bounce == NULL) {
+            bounce_rows = row_bytes >= FL_BOUNCE_BYTES ? 1 : FL_BOUNCE_BYTES / row_bytes;
+            bounce = malloc(bounce_rows * row_bytes);
+            if (bounce == NULL) {
+                errno = ENOMEM;
+                return -1;
             }
-            j++;
         }
-        if (write_all(fd, at + (off_t)(i * row_bytes), iov, count) != 0)
-            return -1;
-        i = j;
+        /* Out of iovecs, or of bounce rows for this one: write the rows so
+         * far, which frees both. */
+        if (count == FL_WRITE_IOVS || (strided && bounced == bounce_rows)) {
+            if (write_all(fd, start, iov, count) != 0)
+                goto failed;
+            start = at + (off_t)(i * row_bytes);
+            count = 0;
+            bounced = 0;
+        }
+        if (strided) {
+            char *copy = bounce + bounced++ * row_bytes;
+            fl_copy_strided(copy, row, ndim, dims, strides[i], itemsize);
+            row = copy;
+        }
+        /* Rows back to back in memory (views of one array, bounced rows)
+         * are one iovec. */
+        if (count > 0 && row == (const char *)iov[count - 1].iov_base + iov[count - 1].iov_len) {
+            iov[count - 1].iov_len += row_bytes;
+        } else {
+            iov[count].iov_base = (void *)row;
+            iov[count].iov_len = row_bytes;
+            count++;
+        }
     }
+    if (write_all(fd, start, iov, count) != 0)
+        goto failed;
+    free(bounce);
     return 0;
+failed: {
+        int err = errno;
+        free(bounce);
+        errno = err;
+        return -1;
+    }
 }
 
 ptrdiff_t fl_normalize_indices(ptrdiff_t *idx, size_t n, ptrdiff_t len)

@@ -28,12 +28,12 @@ void fl_copy_rows(char *dst, size_t row_bytes, const char *const *src,
                   const ptrdiff_t *const *strides, int ndim, const ptrdiff_t *dims,
                   size_t itemsize, size_t n);
 
-/* As fl_copy_rows, into a slot that `dst` maps from the file `fd` at offset
- * `at`: the C-contiguous rows are written to the file with pwritev, so this
- * process maps none of their pages; strided rows are copied through `dst`.
+/* As fl_copy_rows, into the file `fd` from offset `at`, with pwritev: this
+ * process maps none of the slot's pages. Strided rows are copied into
+ * private memory first (up to 1 MiB of them, or one row, per write).
  * Returns 0, or -1 with errno set (NOTE [ Unmapped slots ] in
  * fastload/_memory.py says why). */
-int fl_write_rows(int fd, off_t at, char *dst, size_t row_bytes, const char *const *src,
+int fl_write_rows(int fd, off_t at, size_t row_bytes, const char *const *src,
                   const ptrdiff_t *const *strides, int ndim, const ptrdiff_t *dims,
                   size_t itemsize, size_t n);
 

@@ -131,14 +131,48 @@ static void test_copy_and_write_rows_merge_back_to_back_rows(void)
         int fd;
         size_t offset = 4096 + 64 * (rnd(&state) % 8), size = offset + row_bytes * n + 1;
         char *map = file_slot(&fd, size);
-        CHECK(fl_write_rows(fd, (off_t)offset, map + offset, row_bytes, src, strides, a.ndim,
-                            a.dims, a.itemsize, n) == 0);
+        CHECK(fl_write_rows(fd, (off_t)offset, row_bytes, src, strides, a.ndim, a.dims,
+                            a.itemsize, n) == 0);
         CHECK(memcmp(map + offset, want, row_bytes * n) == 0);
         CHECK(munmap(map, size) == 0 && close(fd) == 0);
         free(pool);
         free(src);
         free(strides);
         free(got);
+        free(want);
+    }
+}
+
+/* Strided rows of 400 KB (two fit the 1 MiB bounce) and of 1.2 MB (one,
+ * larger than it), mixed with contiguous ones. */
+static void test_write_rows_bounces_large_strided_rows(void)
+{
+    uint64_t state = 17;
+    static const ptrdiff_t widths[] = {100000, 300000};
+    for (int w = 0; w < 2; w++) {
+        ptrdiff_t dims[] = {widths[w]}, every_other[] = {8};
+        size_t row_bytes = (size_t)widths[w] * 4, n = 7;
+        char *source = random_bytes(2 * row_bytes * n, &state);
+        char *want = malloc(row_bytes * n);
+        const char *src[7];
+        const ptrdiff_t *strides[7];
+        layout a = {.ndim = 1, .dims = {widths[w]}, .strides = {8}, .itemsize = 4,
+                    .count = (size_t)widths[w]};
+        CHECK(want != NULL);
+        for (size_t i = 0; i < n; i++) {
+            src[i] = source + 2 * row_bytes * i;
+            strides[i] = i == 3 ? NULL : every_other;
+            if (strides[i] == NULL)
+                memcpy(want + i * row_bytes, src[i], row_bytes);
+            else
+                reference_copy(want + i * row_bytes, src[i], &a);
+        }
+        int fd;
+        char *map = file_slot(&fd, 64 + row_bytes * n);
+        CHECK(fl_write_rows(fd, 64, row_bytes, src, strides, 1, dims, 4, n) == 0);
+        CHECK(memcmp(map + 64, want, row_bytes * n) == 0);
+        CHECK(munmap(map, 64 + row_bytes * n) == 0 && close(fd) == 0);
+        free(source);
         free(want);
     }
 }
@@ -154,7 +188,7 @@ static void test_write_rows_reports_a_failed_write(void)
     int read_only = open("/dev/null", O_RDONLY);
     CHECK(read_only >= 0);
     errno = 0;
-    CHECK(fl_write_rows(read_only, 0, map, 64, src, strides, 1, dims, 1, 1) == -1
+    CHECK(fl_write_rows(read_only, 0, 64, src, strides, 1, dims, 1, 1) == -1
           && errno == EBADF);
     CHECK(close(read_only) == 0 && munmap(map, 4096) == 0 && close(fd) == 0);
 }
@@ -207,6 +241,7 @@ int main(void)
 {
     test_copy_strided_matches_the_reference();
     test_copy_and_write_rows_merge_back_to_back_rows();
+    test_write_rows_bounces_large_strided_rows();
     test_write_rows_reports_a_failed_write();
     test_gather_rows_and_index_normalization();
     puts("ok");
