@@ -244,7 +244,7 @@ class BatchWriter:
         unmapped = self._unmapped_slot_bytes
         return (lambda t, o, c: pack.collate_into(
                     samples, t, o, c, numpy_rules=numpy_rules,
-                    fd=t.fd if unmapped and c >= unmapped else -1),
+                    fd=getattr(t, "fd", -1) if unmapped and c >= unmapped else -1),
                 lambda: fetcher.collate(samples, index))
 
 

@@ -210,7 +210,9 @@ SEGMENT_BYTES = 8 << 20
 #   pickled ones), it writes through its mapping as before;
 # * the main process unmaps its own pages of a slot when the slot is free
 #   again (SlabPool's ``unmapped_slot_bytes``), unless the segment is
-#   pinned.
+#   pinned;
+# * worker threads write as worker processes do, into their pool's
+#   segments in the main process, whose descriptors stay open.
 # So a batch's pages are mapped where a program holds it, as torch's are.
 # The pages stay allocated (the pool's charged memory does not change):
 # keeping them is what spares page faults. Why not unmap them in the worker

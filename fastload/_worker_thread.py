@@ -65,7 +65,8 @@ class ThreadSlots:
     acquires apart: making a segment releases the GIL."""
 
     def __init__(self) -> None:
-        self.pool = _memory.new_pool(INITIAL_SLOT_BYTES)
+        self.pool = _memory.new_pool(INITIAL_SLOT_BYTES,
+                                     unmapped_slot_bytes=_memory.UNMAPPED_SLOT_BYTES)
         self.size = 0
         self._lock = threading.Lock()
 
@@ -127,7 +128,8 @@ class WorkerThread:
         self.map_style = config.kind is DatasetKind.MAP
         self.dataset = config.dataset if self.map_style else _replica(config.dataset)
         self.writer = BatchWriter(self.dataset, config.kind, config.auto_collation,
-                                  config.collate_fn)
+                                  config.collate_fn,
+                                  unmapped_slot_bytes=_memory.UNMAPPED_SLOT_BYTES)
         self.fetcher: Any = None
         self.ended = False
         self.batches_done = 0
@@ -239,11 +241,14 @@ def batch_in_slot(fast: Write | None, general: Callable[[], Any], slots: ThreadS
     if fast is None:
         return general()
     slot = None if slots is None else slots.take()
-    capacity = 0 if slot is None else slot.capacity
-    target = bytearray() if slot is None else slot
     try:
         try:
-            return pack.unpack(target, fast(target, 0, capacity))
+            if slot is None:
+                nothing = bytearray()
+                return pack.unpack(nothing, fast(nothing, 0, 0))
+            # Written as a worker process writes, in its segment at its
+            # offset (NOTE [ Unmapped slots ] in fastload._memory).
+            return pack.unpack(slot, fast(slot.segment, slot.offset, slot.capacity))
         except SlotTooSmallError as small:
             # A memoryview: the batch's arrays keep the memory alive through
             # it, and nothing can resize it under them.

@@ -247,6 +247,18 @@ def test_slots_of_large_batches_are_mapped_only_where_a_batch_is_held(method):
         assert mapped_shared_memory("self") < 2 << 20
 
 
+def test_worker_threads_leave_slots_of_large_batches_unmapped_too():
+    want = list(fl.DataLoader(Megabytes(), batch_size=8))
+    loader = fl.DataLoader(Megabytes(), batch_size=8, num_workers=2, worker_method="thread",
+                           persistent_workers=True)
+    for _ in range(2):
+        for got, expected in zip(loader, want, strict=True):
+            assert got["x"].tobytes() == expected["x"].tobytes()
+        del got
+        # Written through their mappings, the slots would be 16 MiB or more.
+        assert mapped_shared_memory("self") < 2 << 20
+
+
 def test_a_worker_keeps_the_descriptors_of_large_segments_up_to_a_bound(monkeypatch):
     from fastload import _memory
     from fastload._worker_process import _Worker
