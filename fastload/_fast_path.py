@@ -100,6 +100,22 @@ def writes_in_c(auto_collation: bool, collate_fn: Callable[[Any], Any]) -> bool:
         collate_fn)
 
 
+def writes_through_files(dataset: Any, kind: DatasetKind, auto_collation: bool,
+                         collate_fn: Callable[[Any], Any]) -> bool:
+    """Whether workers write a loader's batches with pack.collate_into,
+    which writes a large slot through its segment's file: then its pool
+    unmaps large slots once free (NOTE [ Unmapped slots ] in
+    fastload._memory). Not where they gather rows, through their mappings."""
+    if not writes_in_c(auto_collation, collate_fn):
+        return False
+    if kind is not DatasetKind.MAP:
+        return True
+    try:
+        return _gather_source(dataset) is None
+    except IndexError:  # BatchWriter's general path then
+        return True
+
+
 # NOTE [ Small gathers ]
 #
 # Where every batch is a C gather of rows (the gather above: an

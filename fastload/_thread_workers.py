@@ -97,7 +97,7 @@ from typing import Any, NoReturn
 from fastload import _checkpoint
 from fastload._checkpoint import NO_SNAPSHOT, LoaderState, WorkerState
 from fastload._dispatch import RoundRobin, WorkerIter, wait_seconds
-from fastload._fast_path import SmallGathers, Write, writes_in_c
+from fastload._fast_path import SmallGathers, Write, writes_in_c, writes_through_files
 from fastload._fetch import describe_indices, is_stateful
 from fastload._iterator import pin_batch, pin_target
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
@@ -148,7 +148,9 @@ class ThreadIter(WorkerIter):
             self._record_shared_start()
         config = WorkerConfig(loader, self._base_seed)
         # Slots for the batches C writes (NOTE [ Thread workers ]).
-        slots = ThreadSlots() if writes_in_c(config.auto_collation, config.collate_fn) else None
+        slots = (ThreadSlots(writes_through_files(config.dataset, config.kind,
+                                                  config.auto_collation, config.collate_fn))
+                 if writes_in_c(config.auto_collation, config.collate_fn) else None)
         # Small gathers are this thread's own (NOTE [ Small gathers ] in fastload._fast_path).
         self._gathers_here = SmallGathers.of(
             config.dataset, config.kind, config.auto_collation, config.collate_fn,

@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from fastload import _cpus, _memory, _protocol
+from fastload._fast_path import writes_through_files
 from fastload._protocol import RESET, RETIRE, SEGMENT
 from fastload._worker_process import worker_main
 from fastload_c import proc
@@ -197,7 +198,10 @@ class WorkerGroup:
         self.batch_bytes = _memory.batch_slot_bytes(loader.dataset, loader.batch_size)
         self.pool = _memory.new_pool(
             self.batch_bytes or INITIAL_SLOT_BYTES,
-            pin_memory=loader.pin_memory, unmapped_slot_bytes=_memory.UNMAPPED_SLOT_BYTES,
+            pin_memory=loader.pin_memory,
+            unmapped_slot_bytes=_memory.UNMAPPED_SLOT_BYTES if writes_through_files(
+                loader.dataset, loader._dataset_kind, loader._auto_collation,
+                loader._engine_collation()[0]) else 0,
             on_segment=channels.send_segment, on_retire=channels.retire_segment)
         initial_segments = {seg_id: segment for seg_id, segment, _, _ in self.pool.segments}
         parent_death = threading.current_thread() is threading.main_thread()

@@ -64,9 +64,10 @@ class ThreadSlots:
     its slot asked for, which later slots get. The lock keeps the threads'
     acquires apart: making a segment releases the GIL."""
 
-    def __init__(self) -> None:
-        self.pool = _memory.new_pool(INITIAL_SLOT_BYTES,
-                                     unmapped_slot_bytes=_memory.UNMAPPED_SLOT_BYTES)
+    def __init__(self, unmapped: bool) -> None:
+        # ``unmapped``: fastload._fast_path.writes_through_files.
+        self.pool = _memory.new_pool(
+            INITIAL_SLOT_BYTES, unmapped_slot_bytes=_memory.UNMAPPED_SLOT_BYTES if unmapped else 0)
         self.size = 0
         self._lock = threading.Lock()
 

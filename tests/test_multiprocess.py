@@ -259,6 +259,32 @@ def test_worker_threads_leave_slots_of_large_batches_unmapped_too():
         assert mapped_shared_memory("self") < 2 << 20
 
 
+def test_only_pools_of_collated_batches_unmap_their_free_slots():
+    # Gathered rows are written through the workers' mappings: unmapping
+    # the main process's pages would only make a reading loop fault them
+    # in again, and a worker thread gathering into a slot fault it in
+    # (NOTE [ Unmapped slots ]).
+    from fastload._fast_path import writes_through_files
+    from fastload._fetch import DatasetKind
+
+    rows = fl.ArrayDataset(np.zeros((64, 1 << 18), np.float32))
+    map_style, iterable = DatasetKind.MAP, DatasetKind.ITERABLE
+    assert writes_through_files(Megabytes(), map_style, True, fl.default_collate)
+    assert writes_through_files(Shards(), iterable, True, fl.default_collate)
+    assert not writes_through_files(rows, map_style, True, fl.default_collate)
+    assert not writes_through_files(fl.Subset(rows, [3, 1]), map_style, True,
+                                    fl.default_collate)
+    assert not writes_through_files(Megabytes(), map_style, True, lambda b: b)
+    assert not writes_through_files(Megabytes(), map_style, False, fl.default_collate)
+    for worker_method, pool_of in (("multiprocessing", lambda it: it._workers.pool),
+                                   ("thread", lambda it: it._slots.pool)):
+        for dataset, unmapped in ((rows, 0), (Megabytes(), 4 << 20)):
+            batches = iter(fl.DataLoader(dataset, batch_size=8, num_workers=2,
+                                         worker_method=worker_method))
+            assert pool_of(batches).unmapped_slot_bytes == unmapped
+            del batches
+
+
 def test_a_worker_keeps_the_descriptors_of_large_segments_up_to_a_bound(monkeypatch):
     from fastload import _memory
     from fastload._worker_process import _Worker
