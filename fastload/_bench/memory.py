@@ -7,8 +7,10 @@
   object (memfd, /dev/shm file) the tree maps or holds open, at its
   allocated size, once. PSS alone misses shared memory no process has
   mapped: torch's batches in flight wait in unlinked /dev/shm files whose
-  descriptors sit in its queues, and fastload's slots are reserved
-  (fallocate) before they are first touched.
+  descriptors sit in its queues; fastload's slots are reserved
+  (fallocate) before they are first touched, and its large slots are
+  mapped only while a batch in them is held (NOTE [ Unmapped slots ] in
+  fastload._memory).
 
 Linux only; psutil lists the tree.
 """
