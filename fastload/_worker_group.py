@@ -196,12 +196,12 @@ class WorkerGroup:
         WorkerGroup.live.add(self)
         # The size of every batch, where gathered rows make it known now.
         self.batch_bytes = _memory.batch_slot_bytes(loader.dataset, loader.batch_size)
+        collate_fn = loader._engine_collation()[0]
         self.pool = _memory.new_pool(
             self.batch_bytes or INITIAL_SLOT_BYTES,
             pin_memory=loader.pin_memory,
             unmapped_slot_bytes=_memory.UNMAPPED_SLOT_BYTES if writes_through_files(
-                loader.dataset, loader._dataset_kind, loader._auto_collation,
-                loader._engine_collation()[0]) else 0,
+                loader.dataset, loader._dataset_kind, loader._auto_collation, collate_fn) else 0,
             on_segment=channels.send_segment, on_retire=channels.retire_segment)
         initial_segments = {seg_id: segment for seg_id, segment, _, _ in self.pool.segments}
         parent_death = threading.current_thread() is threading.main_thread()
@@ -210,7 +210,7 @@ class WorkerGroup:
                 "dataset": loader.dataset,
                 "dataset_kind": loader._dataset_kind,
                 "auto_collation": loader._auto_collation,
-                "collate_fn": loader._engine_collation()[0],
+                "collate_fn": collate_fn,
                 "drop_last": loader.drop_last,
                 "base_seed": base_seed,
                 "worker_init_fn": loader.worker_init_fn,

@@ -537,8 +537,9 @@ def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1, *
     promotes by torch's rules and refuses those dtypes).
     ``fd``, when not -1, is a file whose bytes from its start are target's
     (a Segment's memfd): the arrays' rows are written to it with pwritev
-    instead of through target, so this process maps none of their pages (NOTE [ Unmapped slots ] in fastload/_memory.py); OSError
-    when that write fails.
+    instead of through target, so this process maps none of their pages
+    (NOTE [ Unmapped slots ] in fastload/_memory.py); OSError when that
+    write fails.
     """
     global _last_plan
     # Our own tuple: the walk borrows its items, and a user's __getitem__ or
