@@ -50,14 +50,15 @@ generated datasets (tests/test_worker_differential.py).
 """
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 from fastload import ragged
-from fastload._fetch import DatasetFetcher, DatasetKind, create_fetcher
+from fastload._fetch import DatasetFetcher, DatasetKind
 from fastload._gathered import GatheredBatch, GatheredTensors
 from fastload._stats import WorkerStats
 from fastload.collate import default_collate, default_collate_torch_rules, is_stacked_column
@@ -120,70 +121,79 @@ def writes_through_files(dataset: Any, kind: DatasetKind, auto_collation: bool,
 #
 # Where every batch is a C gather of rows (the gather above: an
 # ArrayDataset, say) of at most SMALL_GATHER_BYTES, the main thread makes
-# each batch itself as its task is sent, with a worker's writer (the same
-# plan, so the same bytes) and into the slot the task got (a slot of the
-# worker processes' pool, pinned if the pool is; of the worker threads'
-# pool), and the task is ready at once. Gathering a few KiB takes about 1 µs;
-# handing the task to a worker and its batch back costs the main thread
-# more than that (a ring record and a wake-up, reading the answer, the
-# views), and on two cores the workers' share of the handoff is taken from
-# the main process too: on batches of 64 rows of 72 bytes, processes and
-# threads both made 1.4x to 1.7x the samples/s, and while the loop is
-# bound by the loader, handing over paid off only from between 256 KiB and
-# 1 MiB. The task keeps the worker it was sent to, so a state_dict and its
+# each batch itself as its task is sent, with a worker's row gather (the
+# same rows by the same C gather, so the same bytes) and into the slot the
+# task got (a slot of the worker processes' pool, pinned if the pool is; of
+# the worker threads' pool), and the task is ready at once. Gathering a few
+# KiB takes about 1 µs; handing the task to a worker and its batch back
+# costs the main thread more than that (a ring record and a wake-up,
+# reading the answer, the views), and on two cores the workers' share of
+# the handoff is taken from the main process too: on batches of 64 rows of
+# 72 bytes, processes and threads both made 1.4x to 1.7x the samples/s,
+# and while the loop is bound by the loader, handing over paid off only
+# from between 256 KiB and 1 MiB. The task keeps the worker it was sent to, so a state_dict and its
 # resume are the same and the worker's statistics count the batch. No user
 # code runs in a gather, so nothing can tell which thread made it; the
 # workers still start (worker_init_fn runs), and a worker process's death
 # is still raised: next() looks for it, since nothing waits for a worker.
 # Not with worker processes and a worker_init_fn, which may change its
 # worker's copy of the arrays (worker threads share the dataset).
-# A gather that raises (an index out of range) is sent to the worker after
-# all, whose error is the batch's, as for any other batch.
+# An index that is no plain list of rows, and a gather that raises (an
+# index out of range), are sent to the worker after all, whose batch or
+# error is the batch's, as for any other batch.
 SMALL_GATHER_BYTES = 256 << 10
 
 
 class SmallGathers:
     """The batches the main thread gathers itself (NOTE [ Small gathers ]):
-    a worker's writer over a fetcher of the main process's dataset."""
+    a worker's row gather, called straight from here (every batch of the
+    main loop passes here: no per-batch plan or closures)."""
 
-    __slots__ = ("_writer", "_fetcher")
+    __slots__ = ("_into", "_row_map")
 
-    def __init__(self, writer: BatchWriter, fetcher: DatasetFetcher) -> None:
-        self._writer = writer
-        self._fetcher = fetcher
+    def __init__(self, gather: pack.RowGather, row_map: np.ndarray | None) -> None:
+        self._into = gather.into
+        self._row_map = row_map
 
     @classmethod
     def of(cls, dataset: Any, kind: DatasetKind, auto_collation: bool,
-           collate_fn: Callable[[Any], Any], drop_last: bool,
-           batch_bytes: int | None) -> SmallGathers | None:
+           collate_fn: Callable[[Any], Any], batch_bytes: int | None) -> SmallGathers | None:
         """Those of a loader whose every batch is a C gather of rows (NOTE
         [ Fast paths ]) of at most SMALL_GATHER_BYTES; None for any other.
         ``batch_bytes``: _memory.batch_slot_bytes of the loader."""
         if batch_bytes is None or batch_bytes > SMALL_GATHER_BYTES:
             return None
-        writer = BatchWriter(dataset, kind, auto_collation, collate_fn)
-        if not writer.gathers_rows:
-            return None
-        return cls(writer, create_fetcher(kind, dataset, auto_collation, collate_fn, drop_last))
+        row_gather = BatchWriter(dataset, kind, auto_collation, collate_fn).row_gather
+        return None if row_gather is None else cls(*row_gather)
 
-    def gather(self, index: Any, write: Callable[[Write, Callable[[], Any]], Any],
-               stats: WorkerStats) -> Any:
-        """The batch of ``index`` as ``write(fast, general)`` makes it from
-        the writer's plan, counted in ``stats`` (the statistics of the
-        worker it was sent to); None where the plan has no gather for it or
-        that raised: the worker then loads it, and its error is the
-        batch's, as for any other."""
+    def gather(self, index: Any, write: Callable[[Write], Any], stats: WorkerStats) -> Any:
+        """The batch of ``index`` as ``write(fast)`` makes it with the
+        gather's writer ``fast``, counted in ``stats`` (the statistics of
+        the worker it was sent to); None where ``index`` is no plain list
+        of rows or the write raised: the worker then loads it, and its
+        error is the batch's, as for any other."""
         started = time.perf_counter()
+        rows = _rows(index, self._row_map)
+        if rows is None:
+            return None
         try:
-            fast, general = self._writer.plan(self._fetcher, index)
-            if fast is None:
-                return None
-            fetched = time.perf_counter()
-            batch = write(fast, general)
+            batch = write(functools.partial(self._into, rows))
         except Exception:
             return None
-        stats.add(fetched - started, time.perf_counter() - fetched)
+        # The gather reads the rows as it writes them: its time is all
+        # collation's (a clock read less per batch).
+        stats.add(0.0, time.perf_counter() - started)
         return batch
+
+
+def not_gathered() -> NoReturn:
+    """The general path a small gather's writer falls back on: none in the
+    main thread; the batch goes to its worker (SmallGathers.gather)."""
+    raise NotGatheredHere
+
+
+class NotGatheredHere(Exception):
+    """Internal: a small gather's write raised; its worker loads the batch."""
 
 
 class BatchWriter:
@@ -209,9 +219,10 @@ class BatchWriter:
                 self._gather = (pack.RowGather(source[0]), source[1])
 
     @property
-    def gathers_rows(self) -> bool:
-        """Whether every batch is written by the C gather of rows."""
-        return self._gather is not None
+    def row_gather(self) -> tuple[pack.RowGather, np.ndarray | None] | None:
+        """(the C gather, the row map of ``_rows``) when every batch is
+        written by a gather of rows, else None."""
+        return self._gather
 
     def prepare(self, fetcher: DatasetFetcher, index: Any) -> Write:
         """Fetch the data of one task; return the function that writes its

@@ -119,7 +119,7 @@ class ProcessDispatcher(SlotPolicy):
         if workers.batch_bytes is not None and loader.worker_init_fn is None:
             self._gathers_here = SmallGathers.of(
                 loader.dataset, loader._dataset_kind, loader._auto_collation,
-                loader._engine_collation()[0], loader.drop_last, workers.batch_bytes)
+                loader._engine_collation()[0], workers.batch_bytes)
 
     def begin_epoch(self, draw: EpochDraw, progress: Progress) -> None:
         """Start loading the epoch ``progress`` describes: a task for each
@@ -289,7 +289,7 @@ class ProcessDispatcher(SlotPolicy):
         task_id = self.table.add(task)
         if lease is not None and self._gathers_here is not None:
             batch = self._gathers_here.gather(
-                index, lambda fast, _: pack.unpack(lease, fast(lease, 0, lease.capacity)),
+                index, lambda fast: pack.unpack(lease, fast(lease, 0, lease.capacity)),
                 self._stats[worker_id])
             if batch is not None:
                 self.table.finish(task_id, batch)

@@ -87,17 +87,17 @@ lookahead's reads.
 """
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import threading
 import weakref
-from collections.abc import Callable
 from typing import Any, NoReturn
 
 from fastload import _checkpoint
 from fastload._checkpoint import NO_SNAPSHOT, LoaderState, WorkerState
 from fastload._dispatch import RoundRobin, WorkerIter, wait_seconds
-from fastload._fast_path import SmallGathers, Write, writes_in_c, writes_through_files
+from fastload._fast_path import SmallGathers, not_gathered, writes_in_c, writes_through_files
 from fastload._fetch import describe_indices, is_stateful
 from fastload._iterator import pin_batch, pin_target
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
@@ -154,7 +154,9 @@ class ThreadIter(WorkerIter):
         # Small gathers are this thread's own (NOTE [ Small gathers ] in fastload._fast_path).
         self._gathers_here = SmallGathers.of(
             config.dataset, config.kind, config.auto_collation, config.collate_fn,
-            config.drop_last, batch_slot_bytes(config.dataset, config.batch_size))
+            batch_slot_bytes(config.dataset, config.batch_size))
+        # How a small gather is written: as a worker thread writes a batch.
+        self._write_here = functools.partial(batch_in_slot, general=not_gathered, slots=slots)
         self._slots = slots
         self._workers = [
             WorkerThread(i, config, slots, self._results, progress.epoch,
@@ -284,10 +286,6 @@ class ThreadIter(WorkerIter):
         else:
             self._workers[worker_id].tasks.put((TASK, task_id, index, epoch))
         return task_id
-
-    def _write_here(self, fast: Write, general: Callable[[], Any]) -> Any:
-        """A small gather's batch, written as a worker thread writes one."""
-        return batch_in_slot(fast, general, self._slots)
 
     def _start_lookahead(self) -> None:
         """Guess the next epoch's first batches (NOTE [ Epoch lookahead ])."""
