@@ -14,7 +14,9 @@ received, never what workers prefetched. It is made of:
   BatchSampler over them, DistributedSampler) resume in O(1): same
   permutation, same position, no index replayed and no sample fetched.
   Samplers without state are fast-forwarded by counting whole batches from
-  the start of the epoch, as torchdata does;
+  the start of the epoch, as torchdata does. For fastload's random samplers
+  a snapshot records a ``LazyState`` (fastload.sampler), the state's values
+  without its dicts, made into the state_dict() only when a state is taken;
 * for iterable datasets, the stream's state after each delivered batch, per
   worker (recorded in the worker right after it fetched that batch), plus
   the batches to skip since, which worker is next in the round robin, and
@@ -88,7 +90,7 @@ from fastload._fetch import (
     skip_batches,
 )
 from fastload.errors import StateMismatchError
-from fastload.sampler import BatchSampler
+from fastload.sampler import BatchSampler, LazyState, lazy_state_getter
 
 STATE_VERSION = 3
 # Fields an older state lacks, by its version, with the value that means what
@@ -113,6 +115,18 @@ def sampler_state_getter(sampler: Any) -> Callable[[], Any] | None:
         return None
     getter = getattr(sampler, "state_dict", None)
     return getter if callable(getter) else None
+
+
+def sampler_snapshot_getter(sampler: Any) -> Callable[[], Any] | None:
+    """What a snapshot step records of the sampler: a LazyState of it for
+    fastload's random samplers (``recorded_state`` makes it the
+    state_dict() when a state is taken), else sampler_state_getter's."""
+    return lazy_state_getter(sampler) or sampler_state_getter(sampler)
+
+
+def recorded_state(recorded: Any) -> Any:
+    """The sampler's state a snapshot step recorded, as its state_dict()."""
+    return recorded() if type(recorded) is LazyState else recorded
 
 
 def sampler_state(sampler: Any) -> Any:
@@ -376,7 +390,7 @@ def capture(loader: Any) -> dict[str, Any]:
         yielded=progress.yielded,
         delivered_beyond=_ranges(progress.beyond),
         finished=progress.finished,
-        sampler=progress.sampler,
+        sampler=recorded_state(progress.sampler),
         sampler_step=progress.sampler_step,
         generator=_seed.generator_state(loader._rng),
         dataset=progress.dataset,

@@ -20,8 +20,8 @@ from fastload._checkpoint import (
     NO_SNAPSHOT,
     LoaderState,
     Progress,
+    sampler_snapshot_getter,
     sampler_state,
-    sampler_state_getter,
 )
 from fastload._fetch import DatasetKind, create_fetcher, is_stateful
 from fastload._sample_rng import context as sample_context
@@ -88,9 +88,10 @@ class EpochDraw:
         self._skip = skip
         self._drawn = start
         self._snapshots = snapshot_sampler is not None and snapshot_every > 0
-        # Its state_dict, looked up once (None: a sampler that keeps no state,
-        # whose snapshot steps are still recorded, as torchdata records them).
-        self._sampler_state = sampler_state_getter(snapshot_sampler)
+        # What records its state, looked up once (None: a sampler that keeps
+        # no state, whose snapshot steps are still recorded, as torchdata
+        # records them).
+        self._sampler_state = sampler_snapshot_getter(snapshot_sampler)
         self._snapshot_every = snapshot_every
         # Whether the sampler ran out: it is not asked again.
         self.done = False

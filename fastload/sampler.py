@@ -1,8 +1,9 @@
 """Samplers: which indices a DataLoader fetches, and in which order."""
 from __future__ import annotations
 
+import functools
 import itertools
-from collections.abc import Iterable, Iterator, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any, Generic, TypeVar, Union
 
 import numpy as np
@@ -101,6 +102,40 @@ def _recorded(drawn: _DrawnAhead, key: Any) -> Iterator[Chunk]:
         if drawn.key == key:
             drawn.chunks.append(chunk)
         yield chunk
+
+
+class LazyState(functools.partial):  # type: ignore[type-arg]
+    """A sampler's state as of one draw, made into its ``state_dict()``
+    when called. A DataLoader records the index sampler's state at every
+    snapshot step (NOTE [ Resume contract ] in fastload._checkpoint) and
+    reads few of them: for fastload's random samplers it records this,
+    which costs no dicts (``lazy_state_getter``)."""
+
+
+def _epoch_state(generator: Any, epoch: Any, yielded: int) -> dict[str, Any]:
+    """An _EpochSampler's state_dict()."""
+    return {"generator": generator, "epoch": epoch, "yielded": yielded}
+
+
+def _batched_epoch_state(generator: Any, epoch: Any, yielded: int) -> dict[str, Any]:
+    """A BatchSampler's state_dict() over an _EpochSampler."""
+    return _batch_state(_epoch_state(generator, epoch, yielded))
+
+
+def _batch_state(inner: Any) -> dict[str, Any]:
+    """A BatchSampler's state_dict() around its sampler's ``inner``."""
+    return {"sampler": inner}
+
+
+def lazy_state_getter(sampler: Any) -> Callable[[], LazyState] | None:
+    """For fastload's random samplers (and its BatchSampler over one) whose
+    state_dict is theirs: what gives the sampler's state as a LazyState;
+    None for any other sampler."""
+    batched = type(sampler) is BatchSampler
+    inner = sampler.sampler if batched else sampler
+    if not isinstance(inner, _EpochSampler) or type(inner).state_dict is not _EpochSampler.state_dict:
+        return None
+    return functools.partial(inner._lazy_state, _batched_epoch_state if batched else _epoch_state)
 
 
 class _EpochSampler(Sampler[int]):
@@ -254,8 +289,13 @@ class _EpochSampler(Sampler[int]):
 
     def state_dict(self) -> dict[str, Any]:
         """Generator state, the current epoch's token and its position."""
+        state: dict[str, Any] = self._lazy_state(_epoch_state)()
+        return state
+
+    def _lazy_state(self, make: Callable[[Any, Any, int], Any]) -> LazyState:
+        """This sampler's state as of now, as ``make(generator, epoch,
+        yielded)`` makes it once called (see LazyState)."""
         in_epoch = self._token is not None
-        yielded = self._done + self._chunk_len - self._current.__length_hint__()  # type: ignore[attr-defined]
         # Seeded now if not yet: a state taken before the first epoch then
         # fixes that epoch too.
         self._rng = _seed.own_generator(self._rng)
@@ -266,11 +306,10 @@ class _EpochSampler(Sampler[int]):
                 # Nothing of this epoch draws from it until its next chunk
                 # (a draw by other code sharing it mid-epoch is not seen).
                 self._generator_state = generator
-        return {
-            "generator": generator,
-            "epoch": self._token,
-            "yielded": yielded if in_epoch else 0,
-        }
+        if not in_epoch:
+            return LazyState(make, generator, None, 0)
+        yielded = self._done + self._chunk_len - self._current.__length_hint__()  # type: ignore[attr-defined]
+        return LazyState(make, generator, self._token, yielded)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a ``state_dict()``: the next ``iter()`` continues the saved
@@ -477,7 +516,7 @@ class BatchSampler(Sampler[list[int]]):
         the position of its last index), or None when it keeps none; a
         DataLoader then resumes by counting batches."""
         inner = getattr(self.sampler, "state_dict", None)
-        return None if inner is None else {"sampler": inner()}
+        return None if inner is None else _batch_state(inner())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])  # type: ignore[union-attr]

@@ -1,3 +1,4 @@
+import copy
 import math
 import sys
 import types
@@ -16,6 +17,7 @@ from fastload import (
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
+from fastload.sampler import lazy_state_getter
 
 
 def test_sequential_sampler_yields_range_in_order():
@@ -507,3 +509,38 @@ def test_an_epoch_of_a_whole_permutation_draws_one_with_numpy_two_with_torch(mon
     theirs = list(torch.utils.data.RandomSampler(range(50), generator=torch_generator))
     assert ours == theirs and drawn == [50, 50]
     assert torch.equal(generator.get_state(), torch_generator.get_state())
+
+
+@pytest.mark.parametrize("generator", ["seed", "torch"])
+@pytest.mark.parametrize("batched", [True, False])
+@pytest.mark.parametrize("num_samples", [None, 45])  # 45: a permutation and part of a second
+def test_a_lazy_state_made_later_is_the_state_dict_at_its_draw(generator, batched, num_samples):
+    # A DataLoader records these at every snapshot step and makes few into
+    # dicts, some long after later draws moved the sampler on (a
+    # torch.Generator draws each permutation from itself).
+    if generator == "torch":
+        torch = pytest.importorskip("torch", reason="a torch.Generator needs torch")
+        generator = torch.Generator().manual_seed(3)
+    sampler = RandomSampler(range(20), num_samples=num_samples,
+                            generator=3 if generator == "seed" else generator)
+    index_sampler = BatchSampler(sampler, 4, False) if batched else sampler
+    lazy = lazy_state_getter(index_sampler)
+    recorded, eager = [lazy()], [index_sampler.state_dict()]
+    for _ in range(2):  # two epochs
+        for _ in index_sampler:
+            recorded.append(lazy())
+            eager.append(copy.deepcopy(index_sampler.state_dict()))
+        recorded.append(lazy())
+        eager.append(copy.deepcopy(index_sampler.state_dict()))
+    assert [state() for state in recorded] == eager
+    assert len({str(state) for state in eager}) > len(eager) // 2  # the states moved
+
+
+def test_only_fastloads_own_random_sampler_states_are_lazy():
+    class OwnState(RandomSampler):
+        def state_dict(self):
+            return {"mine": 1}
+
+    assert lazy_state_getter(BatchSampler(OwnState(range(4)), 2, False)) is None
+    assert lazy_state_getter(SequentialSampler(range(4))) is None
+    assert lazy_state_getter(BatchSampler(RandomSampler(range(4)), 2, False)) is not None
