@@ -272,9 +272,9 @@ class Progress:
         ``sampler_state`` (NO_SNAPSHOT but on a snapshot step);
         ``has_dataset_state`` and ``dataset_state`` (the worker's dataset
         replica after that batch); ``dataset_ended``."""
-        if self.map_style:
+        if self.map_style and (task.position != self.yielded or self.beyond):
             self.deliver(task.position, task.sampler_state)
-        else:
+        else:  # the next position, as it is for nearly every batch
             self.yielded += 1
             if task.sampler_state is not NO_SNAPSHOT:
                 self.sampler, self.sampler_step = task.sampler_state, self.yielded

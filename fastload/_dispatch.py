@@ -49,7 +49,9 @@ class RoundRobin:
         self._num_workers: int = loader.num_workers
         self._prefetch: int = loader.prefetch_factor * loader.num_workers
         self._pass_over_busy = not loader.in_order
+        # The active workers in turn, from the next one.
         self._turns: Iterator[int] = iter(())
+        self._rotation = 0  # how many workers one round of _turns has
         self._active: list[bool] = []
         # Whether any worker's stream goes on: tasks may still be sent.
         self.has_active = False
@@ -60,37 +62,33 @@ class RoundRobin:
         delivered batch, so a resumed iterable dataset interleaves as it
         would have; a worker whose stream had ended stays out."""
         workers = self._num_workers
-        self._turns = itertools.cycle(
-            [(progress.next_worker + i) % workers for i in range(workers)])
         self._active = [not (progress.workers and progress.workers[w].ended)
                         for w in range(workers)]
-        self._count_active()
+        self._take_turns([(progress.next_worker + i) % workers for i in range(workers)])
 
     def retire(self, worker_id: int) -> None:
         """``worker_id``'s iterable stream ended: no more tasks this epoch."""
         self._active[worker_id] = False
-        self._count_active()
+        # One round of the turns, from the next: the same order without it.
+        self._take_turns([next(self._turns) for _ in range(self._rotation)])
 
-    def _count_active(self) -> None:
-        active = sum(self._active)
-        self.has_active = active > 0
-        self._share = self._prefetch // max(active, 1)
+    def _take_turns(self, order: list[int]) -> None:
+        """From now on the workers of ``order`` that are active, in turn."""
+        active = [w for w in order if self._active[w]]
+        self._turns = itertools.cycle(active)
+        self._rotation = len(active)
+        self.has_active = bool(active)
+        self._share = self._prefetch // max(len(active), 1)
 
     def next_worker(self, table: TaskTable) -> int:
         """The worker of the next task (``has_active`` must hold)."""
-        worker_id = self._next_active()
+        worker_id = next(self._turns)
         if not self._pass_over_busy:
             return worker_id
         in_flight = table.in_flight_per_worker()
         for _ in range(self._num_workers):
             if in_flight[worker_id] < self._share:
                 break
-            worker_id = self._next_active()
-        return worker_id
-
-    def _next_active(self) -> int:
-        worker_id = next(self._turns)
-        while not self._active[worker_id]:
             worker_id = next(self._turns)
         return worker_id
 

@@ -275,7 +275,7 @@ class ProcessDispatcher(SlotPolicy):
         if self._carried.tasks:
             task_id = self._carried.adopt_into(self.table, index, worker_id, position, snapshot)
         if task_id is None:
-            if lease is None and not self._starts_later(worker_id):
+            if lease is None and not (self._may_slot_late and self._starts_later(worker_id)):
                 lease = self.workers.pool.acquire() or self._acquire_at_cap()
             task_id = self._send_task(worker_id, index, lease, position, snapshot)
         self.table.order.append(task_id)

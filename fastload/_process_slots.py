@@ -188,12 +188,14 @@ class SlotPolicy:
         is awaited from ``awaited_worker``, only what it waits on (every
         request of that worker, which loads its tasks in order) and what
         costs no growth is done."""
-        self._serve_needs(awaited_worker)
+        if self._needs:
+            self._serve_needs(awaited_worker)
         if awaited_worker is None and self._owed:
             while self._owed:
                 self._owed -= 1
                 self._dispatch()
-            self._serve_needs(None)  # those that came while a dispatch waited at the cap
+            if self._needs:  # those that came while a dispatch waited at the cap
+                self._serve_needs(None)
 
     def _serve_needs(self, awaited_worker: int | None) -> None:
         """Answer the workers' requests for a bigger slot (see _settle for

@@ -252,3 +252,27 @@ def test_near_the_pools_cap_every_task_reserves_its_slot():
     assert delivered(dispatcher) == [(i, i) for i in range(12)]
     # Room for 10 more slots, not for twice the 6 tasks in flight: none is late.
     assert all(slot[0] >= 0 for slot in workers.slots.values())
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_round_robin_passes_retired_workers_over_in_the_same_turns(in_order):
+    # Worker processes and threads share RoundRobin: after a worker's stream
+    # ends, the others keep their turns, from where the turns had got to.
+    from fastload._dispatch import RoundRobin
+    from fastload._task_table import TaskTable
+
+    loader = types.SimpleNamespace(num_workers=4, prefetch_factor=2, in_order=in_order)
+    robin = RoundRobin(loader)
+    progress = Progress(0, 0, map_style=False)
+    progress.next_worker = 1
+    robin.begin(progress)
+    table = TaskTable()  # nothing in flight: nobody is passed over as busy
+    assert [robin.next_worker(table) for _ in range(5)] == [1, 2, 3, 0, 1]
+    robin.retire(3)
+    assert [robin.next_worker(table) for _ in range(4)] == [2, 0, 1, 2]
+    robin.retire(2)
+    robin.retire(0)
+    assert robin.has_active
+    assert [robin.next_worker(table) for _ in range(2)] == [1, 1]
+    robin.retire(1)
+    assert not robin.has_active
