@@ -286,14 +286,13 @@ class ProcessDispatcher(SlotPolicy):
         A small gather is made here, in ``lease``, not sent (NOTE [ Small
         gathers ])."""
         task = Task(worker_id, index, lease, position, snapshot)
-        task_id = self.table.add(task)
         if lease is not None and self._gathers_here is not None:
             batch = self._gathers_here.gather(
                 index, lambda fast: pack.unpack(lease, fast(lease, 0, lease.capacity)),
                 self._stats[worker_id])
             if batch is not None:
-                self.table.finish(task_id, batch)
-                return task_id
+                return self.table.add_ready(task, batch)
+        task_id = self.table.add(task)
         slot = (slot_of(lease) if lease is not None
                 else (NO_SEGMENT, 0, self.workers.pool.slot_size))
         data = _protocol.task_message(task_id, index, slot)

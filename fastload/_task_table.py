@@ -20,8 +20,9 @@ these states (for worker processes the table is the dispatcher's,
               task's answer arrived.
 
 Who moves a task, all in the main thread: sending it (``_dispatch``)
-creates it in flight (``add``) and, for a batch of the current epoch,
-appends it to the epoch's ``order``; handling its worker's answer makes it
+creates it in flight (``add``), or ready where the main thread made its
+batch itself (``add_ready``: a small gather), and, for a batch of the
+current epoch, appends it to the epoch's ``order``; handling its worker's answer makes it
 ready (``finish``) or, if stale, gone (``answered_stale``); each
 ``next()`` takes the next deliverable ready task (``pop_next``) in dispatch
 order (or any ready one with ``in_order=False``); a new epoch (``iter()``
@@ -96,6 +97,13 @@ class TaskTable:
         """A new task, in flight; its id."""
         task_id = next(self._ids)
         self.in_flight[task_id] = task
+        return task_id
+
+    def add_ready(self, task: Task, result: Any) -> int:
+        """A new task whose batch was made as it was sent (NOTE [ Small
+        gathers ] in fastload._fast_path), ready at once; its id."""
+        task_id = next(self._ids)
+        self.ready[task_id] = (task, result)
         return task_id
 
     def get(self, task_id: int) -> Task | None:

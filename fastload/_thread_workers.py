@@ -278,13 +278,13 @@ class ThreadIter(WorkerIter):
                    epoch: int) -> int:
         """A new task for ``worker_id``, which loads it, or this thread now
         if it is a small gather."""
-        task_id = self._table.add(Task(worker_id, index, None, position, snapshot))
+        task = Task(worker_id, index, None, position, snapshot)
         batch = None if self._gathers_here is None else self._gathers_here.gather(
             index, self._write_here, self._stats.workers[worker_id])
         if batch is not None:
-            self._table.finish(task_id, batch)
-        else:
-            self._workers[worker_id].tasks.put((TASK, task_id, index, epoch))
+            return self._table.add_ready(task, batch)
+        task_id = self._table.add(task)
+        self._workers[worker_id].tasks.put((TASK, task_id, index, epoch))
         return task_id
 
     def _start_lookahead(self) -> None:

@@ -296,11 +296,12 @@ class _EpochSampler(Sampler[int]):
         """This sampler's state as of now, as ``make(generator, epoch,
         yielded)`` makes it once called (see LazyState)."""
         in_epoch = self._token is not None
-        # Seeded now if not yet: a state taken before the first epoch then
-        # fixes that epoch too.
-        self._rng = _seed.own_generator(self._rng)
         generator = self._generator_state
         if generator is None:
+            # Seeded now if not yet: a state taken before the first epoch
+            # then fixes that epoch too. (A state read is one of a seeded
+            # generator.)
+            self._rng = _seed.own_generator(self._rng)
             generator = _seed.generator_state(self._rng)
             if in_epoch:
                 # Nothing of this epoch draws from it until its next chunk

@@ -57,3 +57,16 @@ def test_carried_lookahead_tasks_are_adopted_in_order_until_a_wrong_guess():
     assert carried.adopt([0, 1], 0) == (10, [])
     assert carried.adopt([2, 3], 0) == (None, [11, 12])  # another worker: a wrong guess
     assert carried.adopt([4, 5], 0) == (None, []) and carried.ids() == set()
+
+
+def test_a_task_added_ready_takes_its_turn_among_those_sent():
+    # A small gather's task is ready as it is sent, never in flight, and is
+    # still delivered in dispatch order.
+    table, ids = table_with(1)
+    gathered = table.add_ready(task(1, 1), "batch 1")
+    table.order.append(gathered)
+    assert gathered not in table.in_flight and gathered != ids[0]
+    assert table.get(gathered).position == 1
+    assert table.pop_next(in_order=True) is None  # the first still loads
+    table.finish(ids[0], "batch 0")
+    assert [table.pop_next(in_order=True)[2] for _ in range(2)] == ["batch 0", "batch 1"]
