@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fastload._checkpoint import LoaderState, Progress
+from fastload._fast_path import small_gathers
 from fastload._iterator import BaseIter
 from fastload._task_table import TaskTable
 
@@ -98,7 +99,10 @@ class WorkerIter(BaseIter):
 
     def __init__(self, loader: Any, resume: LoaderState | None,
                  base_seed: int | None = None) -> None:
-        super().__init__(loader, resume, base_seed)
+        # Decided before the sampler's iteration starts: where the main
+        # thread gathers every batch, it draws their indices as arrays.
+        self._gathers_here = small_gathers(loader)
+        super().__init__(loader, resume, base_seed, index_arrays=self._gathers_here is not None)
         self._prefetch = tasks_in_flight(loader)
         self._in_order = loader.in_order
 

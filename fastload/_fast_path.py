@@ -60,6 +60,7 @@ import numpy as np
 from fastload import ragged
 from fastload._fetch import DatasetFetcher, DatasetKind
 from fastload._gathered import GatheredBatch, GatheredTensors
+from fastload._memory import batch_slot_bytes
 from fastload._stats import WorkerStats
 from fastload.collate import default_collate, default_collate_torch_rules, is_stacked_column
 from fastload.dataset import gathered_columns, is_plain_subset
@@ -186,6 +187,17 @@ class SmallGathers:
         return batch
 
 
+def small_gathers(loader: Any) -> SmallGathers | None:
+    """The small gathers of a loader (NOTE [ Small gathers ]): with
+    workers, but not worker processes with a worker_init_fn."""
+    if not loader.num_workers or (loader.worker_method != "thread"
+                                  and loader.worker_init_fn is not None):
+        return None
+    return SmallGathers.of(loader.dataset, loader._dataset_kind, loader._auto_collation,
+                           loader._engine_collation()[0],
+                           batch_slot_bytes(loader.dataset, loader.batch_size))
+
+
 def not_gathered() -> NoReturn:
     """The general path a small gather's writer falls back on: none in the
     main thread; the batch goes to its worker (SmallGathers.gather)."""
@@ -275,11 +287,18 @@ class BatchWriter:
                 lambda: fetcher.collate(samples, index))
 
 
+_INTP = np.dtype(np.intp)
+
+
 def _rows(index: Any, row_map: np.ndarray | None) -> np.ndarray | None:
     """The array rows of a batch index, or None when the index is not a
-    plain list of integers (the general path then says what it means)."""
+    plain list or 1-d array of integers (the general path then says what
+    it means)."""
     try:
-        rows = pack.int_rows(index)  # the usual list of ints, without numpy's inference
+        if type(index) is np.ndarray and index.dtype == _INTP and index.ndim == 1:
+            rows = index  # the loader's own draw (BatchSampler.index_arrays)
+        else:
+            rows = pack.int_rows(index)  # the usual list of ints, without numpy's inference
         if rows is None:
             rows = np.asarray(index)
             if rows.ndim != 1 or rows.dtype.kind not in "iu":

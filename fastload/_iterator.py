@@ -30,6 +30,7 @@ from fastload._torch import torch_or_none
 from fastload._warnings import warn_at_caller
 from fastload.collate import arrays_to_tensors, tensors_to_arrays
 from fastload.errors import InvalidArgumentError
+from fastload.sampler import draws_arrays, index_batches
 
 
 def pin_target(loader: Any) -> Any:
@@ -126,9 +127,12 @@ class BaseIter:
     reusable = True
 
     def __init__(self, loader: Any, resume: LoaderState | None,
-                 base_seed: int | None = None) -> None:
+                 base_seed: int | None = None, index_arrays: bool = False) -> None:
         """``base_seed``, when given, is used instead of drawing one (a
-        resumed persistent-workers run whose saved run reused its iterator)."""
+        resumed persistent-workers run whose saved run reused its iterator).
+        ``index_arrays``: no user code sees the batches' indices (NOTE [
+        Small gathers ] in fastload._fast_path), so fastload's own batch
+        sampler may draw them as arrays (sampler.index_batches)."""
         self._dataset = loader.dataset
         self._dataset_kind = loader._dataset_kind
         self._IterableDataset_len_called = loader._IterableDataset_len_called
@@ -141,6 +145,8 @@ class BaseIter:
         self._persistent_workers = loader.persistent_workers
         self._snapshot_every = loader.snapshot_every_n_steps
         self._map_style = self._dataset_kind is DatasetKind.MAP
+        # Whether this iterator's batch indices are arrays it drew.
+        self._index_arrays = index_arrays and draws_arrays(self._index_sampler)
         self._stats = LoaderStats()
         self._returned_at: float | None = None
         seeds_pipe = _datapipes.is_iter_datapipe(self._dataset)
@@ -154,7 +160,7 @@ class BaseIter:
                 if seeds_pipe:
                     loader._rng = _seed.own_generator(loader._rng)
                     pipe_seed = _seed.draw_seed(loader._rng)
-                self._sampler_iter = iter(self._index_sampler)
+                self._sampler_iter = index_batches(self._index_sampler, self._index_arrays)
                 loader._rng = _seed.own_generator(loader._rng)
                 base_seed = _seed.draw_seed(loader._rng)
                 if seeds_pipe and self._num_workers > 0:
@@ -162,7 +168,7 @@ class BaseIter:
             else:
                 # The next epoch of a saved run's persistent iterator, which
                 # drew the pipe's seed at its _reset.
-                self._sampler_iter = iter(self._index_sampler)
+                self._sampler_iter = index_batches(self._index_sampler, self._index_arrays)
                 if seeds_pipe:
                     pipe_seed = _seed.draw_seed(loader._rng)
             self._progress = Progress(loader._epoch, base_seed, self._map_style)
@@ -195,7 +201,7 @@ class BaseIter:
     def _reset(self, loader: Any) -> None:
         """Start a new epoch on this iterator (persistent workers)."""
         self._skip = frozenset()
-        self._sampler_iter = iter(self._index_sampler)
+        self._sampler_iter = index_batches(self._index_sampler, self._index_arrays)
         self._progress = Progress(loader._epoch, self._base_seed, self._map_style)
         self._progress.sampler = sampler_state(self._index_sampler)
         if _datapipes.is_iter_datapipe(self._dataset):

@@ -65,21 +65,23 @@ from fastload.sampler import (
     SequentialSampler,
     SubsetRandomSampler,
     WeightedRandomSampler,
+    index_batches,
+    same_indices,
 )
 
 _EPOCH_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
 
 
-def next_epoch_head(index_sampler: Any, count: int) -> list[Any] | None:
+def next_epoch_head(index_sampler: Any, count: int, as_arrays: bool) -> list[Any] | None:
     """The first ``count`` items (fewer if the epoch is shorter) that the
-    next ``iter(index_sampler)`` will yield, or None when that cannot be
-    known without disturbing the sampler."""
+    next ``index_batches(index_sampler, as_arrays)`` will yield, or None
+    when that cannot be known without disturbing the sampler."""
     independent = _independent_copy(index_sampler)
     if independent is None:
         return None
     with _global_rngs_kept():
         try:
-            return list(itertools.islice(iter(independent), count))
+            return list(itertools.islice(index_batches(independent, as_arrays), count))
         except Exception:
             # The real iteration raises it again, where the user expects it.
             return None
@@ -184,7 +186,7 @@ class CarriedTasks:
         if not self.tasks:
             return None, []
         task_id, guessed_index, guessed_worker = self.tasks[0]
-        if guessed_worker == worker_id and guessed_index == index:
+        if guessed_worker == worker_id and same_indices(guessed_index, index):
             self.tasks.popleft()
             return task_id, []
         return None, self.drop()

@@ -47,7 +47,8 @@ class MultiProcessingIter(WorkerIter):
             start_states if self._map_style else None)
         self._workers = WorkerGroup(loader, self._base_seed, progress.epoch,
                                     progress.datapipe_seed, progress.workers, start_states)
-        self._dispatcher = ProcessDispatcher(loader, self._workers, self._stats.workers)
+        self._dispatcher = ProcessDispatcher(loader, self._workers, self._stats.workers,
+                                             self._gathers_here, self._index_arrays)
         with self._errors_raised():
             self._dispatcher.begin_epoch(self._epoch_draw(), progress)
             self._dispatcher.await_started()

@@ -58,6 +58,7 @@ from fastload._stats import WorkerStats
 from fastload._task_table import STREAM_ENDED, Failure, Task, TaskTable
 from fastload._worker_error import WorkerError
 from fastload._worker_group import SIGCHLD_SAFETY_SECONDS, WorkerGroup, WorkerGroupDied
+from fastload.sampler import listed
 from fastload_c import pack
 
 # Without SIGCHLD (forkserver workers are not our children) the waiting main
@@ -81,7 +82,11 @@ class ProcessDispatcher(SlotPolicy):
     ``table``. Holds no reference to the iterator: the worker group must
     die with the iterator by reference counting (see _worker_group)."""
 
-    def __init__(self, loader: Any, workers: WorkerGroup, stats: list[WorkerStats]) -> None:
+    def __init__(self, loader: Any, workers: WorkerGroup, stats: list[WorkerStats],
+                 gathers_here: SmallGathers | None = None, index_arrays: bool = False) -> None:
+        """``gathers_here``: the batches this process gathers itself (NOTE [
+        Small gathers ] in fastload._fast_path); ``index_arrays``: their
+        indices are arrays the iterator drew (BaseIter)."""
         self.table = TaskTable()
         self.workers = workers
         self._stats = stats
@@ -113,13 +118,8 @@ class ProcessDispatcher(SlotPolicy):
         self._started = 0
         self._starts: dict[int, Any] = {}
         self._replicas: list[WorkerState] | None = None
-        # Small gathers are this process's own (NOTE [ Small gathers ] in
-        # fastload._fast_path); only gathered rows have batch_bytes.
-        self._gathers_here: SmallGathers | None = None
-        if workers.batch_bytes is not None and loader.worker_init_fn is None:
-            self._gathers_here = SmallGathers.of(
-                loader.dataset, loader._dataset_kind, loader._auto_collation,
-                loader._engine_collation()[0], workers.batch_bytes)
+        self._gathers_here = gathers_here
+        self._index_arrays = index_arrays
 
     def begin_epoch(self, draw: EpochDraw, progress: Progress) -> None:
         """Start loading the epoch ``progress`` describes: a task for each
@@ -292,6 +292,8 @@ class ProcessDispatcher(SlotPolicy):
                 self._stats[worker_id])
             if batch is not None:
                 return self.table.add_ready(task, batch)
+        if self._index_arrays:
+            index = task.index = listed(index)  # a worker's fetch sees it
         task_id = self.table.add(task)
         slot = (slot_of(lease) if lease is not None
                 else (NO_SEGMENT, 0, self.workers.pool.slot_size))
@@ -316,7 +318,7 @@ class ProcessDispatcher(SlotPolicy):
         batches (NOTE [ Epoch lookahead ] in fastload._lookahead)."""
         if not self._may_look_ahead:
             return
-        head = next_epoch_head(self._index_sampler, self._prefetch)
+        head = next_epoch_head(self._index_sampler, self._prefetch, self._index_arrays)
         if not head:
             return
         epoch = self._epoch + 1

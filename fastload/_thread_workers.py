@@ -97,11 +97,10 @@ from typing import Any, NoReturn
 from fastload import _checkpoint
 from fastload._checkpoint import NO_SNAPSHOT, LoaderState, WorkerState
 from fastload._dispatch import RoundRobin, WorkerIter, wait_seconds
-from fastload._fast_path import SmallGathers, not_gathered, writes_in_c, writes_through_files
+from fastload._fast_path import not_gathered, writes_in_c, writes_through_files
 from fastload._fetch import describe_indices, is_stateful
 from fastload._iterator import pin_batch, pin_target
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
-from fastload._memory import batch_slot_bytes
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, STARTED
 from fastload._stats import WorkerStats
 from fastload._task_table import STREAM_ENDED, Task, TaskTable
@@ -119,6 +118,7 @@ from fastload._worker_thread import (
     stop_workers,
 )
 from fastload.errors import WorkerDiedError
+from fastload.sampler import listed
 
 # How often the waiting main thread checks that its worker threads live.
 LIVENESS_POLL_SECONDS = 0.1
@@ -151,11 +151,9 @@ class ThreadIter(WorkerIter):
         slots = (ThreadSlots(writes_through_files(config.dataset, config.kind,
                                                   config.auto_collation, config.collate_fn))
                  if writes_in_c(config.auto_collation, config.collate_fn) else None)
-        # Small gathers are this thread's own (NOTE [ Small gathers ] in fastload._fast_path).
-        self._gathers_here = SmallGathers.of(
-            config.dataset, config.kind, config.auto_collation, config.collate_fn,
-            batch_slot_bytes(config.dataset, config.batch_size))
-        # How a small gather is written: as a worker thread writes a batch.
+        # Small gathers (WorkerIter) are this thread's own (NOTE [ Small
+        # gathers ] in fastload._fast_path), written as a worker thread
+        # writes a batch.
         self._write_here = functools.partial(batch_in_slot, general=not_gathered, slots=slots)
         self._slots = slots
         self._workers = [
@@ -283,6 +281,8 @@ class ThreadIter(WorkerIter):
             index, self._write_here, self._stats.workers[worker_id])
         if batch is not None:
             return self._table.add_ready(task, batch)
+        if self._index_arrays:
+            index = task.index = listed(index)  # a worker's fetch sees it
         task_id = self._table.add(task)
         self._workers[worker_id].tasks.put((TASK, task_id, index, epoch))
         return task_id
@@ -291,7 +291,7 @@ class ThreadIter(WorkerIter):
         """Guess the next epoch's first batches (NOTE [ Epoch lookahead ])."""
         if not self._may_look_ahead:
             return
-        head = next_epoch_head(self._index_sampler, self._prefetch)
+        head = next_epoch_head(self._index_sampler, self._prefetch, self._index_arrays)
         if not head:
             return
         epoch = self._progress.epoch + 1

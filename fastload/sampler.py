@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
-from typing import Any, Generic, TypeVar, Union
+from typing import Any, Generic, TypeGuard, TypeVar, Union
 
 import numpy as np
 
@@ -37,6 +37,14 @@ def _pieces(chunk: Chunk) -> Iterator[Chunk]:
             yield chunk[start:start + LIST_ITEMS]
     else:
         yield chunk
+
+
+def _joined(parts: list[Chunk]) -> Chunk:
+    """One batch of slices of consecutive pieces: an array when they all
+    are, else a list."""
+    if all(isinstance(part, np.ndarray) for part in parts):
+        return np.concatenate(parts)
+    return [i for part in parts for i in (part.tolist() if isinstance(part, np.ndarray) else part)]
 
 
 def _is_positive_int(value: Any) -> bool:
@@ -213,9 +221,12 @@ class _EpochSampler(Sampler[int]):
         drawn.clear()  # a guess this epoch did not take
         return self._epoch_chunks(np.random.default_rng(token))
 
-    def _item_iterators(self) -> Iterator[Any]:
+    def _item_iterators(self, as_arrays: bool = False) -> Iterator[Any]:
         """The epoch's indices as list iterators, in order, positioned after a
-        resume and registered so that ``state_dict`` can read the position."""
+        resume and registered so that ``state_dict`` can read the position.
+        ``as_arrays``: a piece of a chunk that is an array stays one (in
+        ``_items``), and what is yielded is an iterator over its positions
+        (a range's), which marks how far it was taken the same way."""
         if self._resume is not None:
             token, skip = self._resume
             self._resume = None
@@ -233,13 +244,20 @@ class _EpochSampler(Sampler[int]):
                     skip -= len(piece)
                     done += len(piece)
                     continue
-                items = piece.tolist() if isinstance(piece, np.ndarray) else piece
-                current: Any = iter(items)
+                items: Chunk
+                current: Any
+                if not isinstance(piece, np.ndarray):
+                    items, current = piece, iter(piece)
+                elif as_arrays:
+                    items, current = piece, iter(range(len(piece)))
+                else:
+                    items = piece.tolist()
+                    current = iter(items)
                 if skip:
                     current.__setstate__(skip)
                     skip = 0
-                # Counting via the list iterator's remaining length costs
-                # nothing per index, unlike a counter bumped on every yield.
+                # Counting via the iterator's remaining length costs nothing
+                # per index, unlike a counter bumped on every yield.
                 self._done, self._chunk_len, self._current = done, len(items), current
                 self._items = items
                 yield current
@@ -259,33 +277,42 @@ class _EpochSampler(Sampler[int]):
         self._start_iteration()
         return itertools.chain.from_iterable(self._item_iterators())
 
-    def _batches(self, batch_size: int, drop_last: bool) -> Iterator[list[int]]:
-        """What ``BatchSampler(self, batch_size, drop_last)`` yields, cut from
-        the epoch's lists in C (islice) instead of one Python step per index."""
+    def _batches(self, batch_size: int, drop_last: bool,
+                 as_arrays: bool = False) -> Iterator[Any]:
+        """What ``BatchSampler(self, batch_size, drop_last)`` yields, sliced
+        from the epoch's lists instead of one Python step per index;
+        ``as_arrays``: each batch an integer array instead where the epoch's
+        indices are (BatchSampler.index_arrays)."""
         self._start_iteration()
-        return self._batch_lists(batch_size, drop_last)
+        return self._batch_slices(batch_size, drop_last, as_arrays)
 
-    def _batch_lists(self, batch_size: int, drop_last: bool) -> Iterator[list[int]]:
-        batch: list[int] = []
-        for current in self._item_iterators():
+    def _batch_slices(self, batch_size: int, drop_last: bool,
+                      as_arrays: bool) -> Iterator[Any]:
+        # A batch's slices of pieces before the one it ends in, and how many
+        # indices it still misses.
+        parts: list[Any] = []
+        missing = batch_size
+        for current in self._item_iterators(as_arrays):
             items = self._items
-            if type(items) is list and not batch:
-                # Whole batches sliced from the list, the iterator moved past
-                # each before it is yielded (state_dict reads the iterator).
-                start, size = len(items) - current.__length_hint__(), len(items)
-                while size - start >= batch_size:
-                    end = start + batch_size
-                    current.__setstate__(end)
+            start, size = len(items) - current.__length_hint__(), len(items)
+            while size - start >= missing:
+                end = start + missing
+                # The iterator moves past a batch before it is yielded
+                # (state_dict reads the iterator).
+                current.__setstate__(end)
+                if parts:
+                    parts.append(items[start:end])
+                    yield _joined(parts)
+                    parts = []
+                else:
                     yield items[start:end]
-                    start = end
-            while True:
-                batch.extend(itertools.islice(current, batch_size - len(batch)))
-                if len(batch) < batch_size:
-                    break
-                yield batch
-                batch = []
-        if batch and not drop_last:
-            yield batch
+                start, missing = end, batch_size
+            if start < size:
+                parts.append(items[start:size])
+                current.__setstate__(size)
+                missing -= size - start
+        if parts and not drop_last:
+            yield _joined(parts)
 
     def state_dict(self) -> dict[str, Any]:
         """Generator state, the current epoch's token and its position."""
@@ -483,7 +510,7 @@ class BatchSampler(Sampler[list[int]]):
         # batch, as in torch.
         if type(sampler) is SequentialSampler:
             return self._sequential_batches(len(sampler.data_source))
-        if isinstance(sampler, _EpochSampler) and type(sampler).__iter__ is _EpochSampler.__iter__:
+        if _iterates_as_epoch_sampler(sampler):
             return sampler._batches(self.batch_size, self.drop_last)
         if getattr(type(sampler), "_iteration_starts_at_iter", None) is type(sampler).__iter__:
             return self._grouped(iter(sampler))
@@ -492,6 +519,18 @@ class BatchSampler(Sampler[list[int]]):
     def _grouped_from_first_batch(self, sampler: Sampler[int] | Iterable[int]
                                   ) -> Iterator[list[int]]:
         yield from self._grouped(iter(sampler))
+
+    def index_arrays(self) -> Iterator[Any] | None:
+        """The batches iter() yields, each an integer array where the
+        sampler's indices are (no Python int made per index), for a loader
+        that shows no index to user code (NOTE [ Small gathers ] in
+        fastload._fast_path); None where the sampler is not fastload's own
+        (``draws_arrays``). Called in place of iter(): its state_dict()
+        follows it the same."""
+        sampler = self.sampler
+        if _iterates_as_epoch_sampler(sampler):
+            return sampler._batches(self.batch_size, self.drop_last, as_arrays=True)
+        return None
 
     def _sequential_batches(self, size: int) -> Iterator[list[int]]:
         batch_size = self.batch_size
@@ -527,3 +566,41 @@ class BatchSampler(Sampler[list[int]]):
         if self.drop_last:
             return size // self.batch_size
         return (size + self.batch_size - 1) // self.batch_size
+
+
+def _iterates_as_epoch_sampler(sampler: Any) -> TypeGuard[_EpochSampler]:
+    """Whether ``sampler``'s iteration is _EpochSampler's own (a subclass
+    may change it), which BatchSampler then cuts batches from directly."""
+    return isinstance(sampler, _EpochSampler) and type(sampler).__iter__ is _EpochSampler.__iter__
+
+
+def draws_arrays(index_sampler: Any) -> bool:
+    """Whether ``index_sampler`` has ``index_arrays()``: fastload's
+    BatchSampler (not a subclass) over its own random samplers. (A
+    sequential batch is cheaper as a list: np.arange costs more than
+    list(range()) for a few indices, and nothing is converted.)"""
+    return type(index_sampler) is BatchSampler and _iterates_as_epoch_sampler(index_sampler.sampler)
+
+
+def index_batches(index_sampler: Any, as_arrays: bool) -> Iterator[Any]:
+    """``iter(index_sampler)``, or with ``as_arrays`` its ``index_arrays()``
+    where it has them (``draws_arrays``)."""
+    if as_arrays and draws_arrays(index_sampler):
+        batches: Iterator[Any] | None = index_sampler.index_arrays()
+        assert batches is not None  # draws_arrays said so
+        return batches
+    return iter(index_sampler)
+
+
+def listed(index: Any) -> Any:
+    """A batch of ``index_arrays()`` as iter() yields it (a list), for code
+    that may show it to the user (a worker's fetch)."""
+    return index.tolist() if isinstance(index, np.ndarray) else index
+
+
+def same_indices(first: Any, second: Any) -> bool:
+    """Whether two batches of one iteration (lists, or index_arrays()'s
+    arrays) hold the same indices."""
+    if isinstance(first, np.ndarray) or isinstance(second, np.ndarray):
+        return type(first) is type(second) and np.array_equal(first, second)
+    return bool(first == second)

@@ -3,6 +3,7 @@ batches before its iter() (NOTE [ Epoch lookahead ] in fastload._lookahead):
 the guess never moves the samplers or RNGs, a right guess saves the wait, a
 wrong one changes no batch. Without it (the default) nothing of an epoch is
 loaded before its iter()."""
+import collections
 import multiprocessing
 import os
 import time
@@ -91,9 +92,9 @@ def check_head(make_sampler):
     sampler = make_sampler()
     list(sampler)  # one epoch in, as in the middle of a run
     before = rng_snapshot(sampler)
-    head = next_epoch_head(sampler, 3)
+    head = next_epoch_head(sampler, 3, False)
     assert rng_snapshot(sampler) == before
-    assert head == next_epoch_head(sampler, 3)  # still the same guess
+    assert head == next_epoch_head(sampler, 3, False)  # still the same guess
     next_epoch_set(sampler)
     assert head == list(sampler)[:3]
 
@@ -110,7 +111,8 @@ def test_head_of_torch_samplers_is_the_next_epoch_and_moves_nothing(name):
 
 
 def test_head_is_shorter_for_a_short_epoch():
-    assert next_epoch_head(fl.BatchSampler(fl.SequentialSampler(range(5)), 2, False), 8) == [
+    assert next_epoch_head(fl.BatchSampler(fl.SequentialSampler(range(5)), 2, False), 8,
+                           False) == [
         [0, 1], [2, 3], [4]]
 
 
@@ -126,15 +128,15 @@ class Reversed(fl.Sampler):
 
 
 def test_no_head_for_samplers_it_does_not_know():
-    assert next_epoch_head(Reversed(5), 2) is None
-    assert next_epoch_head(fl.BatchSampler(Reversed(5), 2, False), 2) is None
+    assert next_epoch_head(Reversed(5), 2, False) is None
+    assert next_epoch_head(fl.BatchSampler(Reversed(5), 2, False), 2, False) is None
 
 
 def test_no_head_when_the_next_epoch_would_raise():
     data = list(range(8))
     sampler = fl.DistributedSampler(data, num_replicas=2, rank=0)
     data.clear()  # the real iteration raises, in its place
-    assert next_epoch_head(sampler, 2) is None
+    assert next_epoch_head(sampler, 2, False) is None
 
 
 class Logged(fl.Dataset):
@@ -439,7 +441,7 @@ def test_a_random_samplers_epoch_the_lookahead_drew_is_not_drawn_again(monkeypat
     for _ in range(4):
         got.append(list(sampler))
         want.append(list(reference))
-        assert next_epoch_head(sampler, 3) is not None
+        assert next_epoch_head(sampler, 3, False) is not None
         if not guessed:  # the next epoch is not the one the lookahead drew
             generator.random(), twin.random()
     assert got == want
@@ -454,7 +456,7 @@ def test_a_sampler_with_an_epoch_drawn_ahead_pickles_and_copies_without_it():
 
     sampler = fl.RandomSampler(range(30), generator=np.random.default_rng(5))
     list(sampler)
-    head = next_epoch_head(sampler, 5)
+    head = next_epoch_head(sampler, 5, False)
     for duplicate in (pickle.loads(pickle.dumps(sampler)), copy.deepcopy(sampler)):
         assert duplicate._drawn_ahead.key is None
         assert list(duplicate)[:5] == head
@@ -488,3 +490,14 @@ def test_shuffled_epochs_equal_those_without_lookahead(method):
         return got
 
     assert epochs(True) == epochs(False)
+
+
+def test_a_guess_of_index_arrays_is_adopted_when_it_is_right():
+    # Small gathers draw index arrays (BatchSampler.index_arrays), which
+    # the lookahead guesses too.
+    from fastload._lookahead import CarriedTasks
+
+    carried = CarriedTasks(collections.deque([(7, np.arange(4), 0), (8, np.arange(4, 8), 1)]))
+    assert carried.adopt(np.arange(4), 0) == (7, [])
+    assert carried.adopt(np.arange(5, 9), 1) == (None, [8])
+    assert CarriedTasks(collections.deque([(7, [0, 1], 0)])).adopt(np.arange(2), 0) == (None, [7])

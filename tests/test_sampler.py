@@ -2,6 +2,7 @@ import copy
 import math
 import sys
 import types
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -17,7 +18,8 @@ from fastload import (
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
-from fastload.sampler import lazy_state_getter
+from fastload import sampler as sampler_module
+from fastload.sampler import draws_arrays, index_batches, lazy_state_getter
 
 
 def test_sequential_sampler_yields_range_in_order():
@@ -544,3 +546,49 @@ def test_only_fastloads_own_random_sampler_states_are_lazy():
     assert lazy_state_getter(BatchSampler(OwnState(range(4)), 2, False)) is None
     assert lazy_state_getter(SequentialSampler(range(4))) is None
     assert lazy_state_getter(BatchSampler(RandomSampler(range(4)), 2, False)) is not None
+
+
+def as_list(batch):
+    return batch.tolist() if isinstance(batch, np.ndarray) else batch
+
+
+@given(kind=st.sampled_from(sorted(SAMPLER_MAKERS)), n=st.integers(1, 80),
+       batch_size=st.integers(1, 40), drop_last=st.booleans(), seed=st.integers(0, 99),
+       piece=st.sampled_from([8192, 7]), stop=st.integers(0, 12))
+def test_property_index_arrays_are_iters_batches_with_its_states(kind, n, batch_size, drop_last,
+                                                                  seed, piece, stop):
+    # The loader draws these for batches it gathers itself (NOTE [ Small
+    # gathers ]): the same indices, and a state after each batch that
+    # resumes either way. piece=7: batches cut across pieces of a chunk.
+    make = SAMPLER_MAKERS[kind]
+    with mock.patch.object(sampler_module, "LIST_ITEMS", piece):
+        listed = BatchSampler(make(n, seed), batch_size, drop_last)
+        arrayed = BatchSampler(make(n, seed), batch_size, drop_last)
+        states = []
+        for _ in range(2):  # two epochs
+            batches = list(iter(listed))
+            drawn = []
+            for batch in index_batches(arrayed, as_arrays=True):
+                drawn.append(batch)
+                states.append(copy.deepcopy(arrayed.state_dict()))
+            assert [as_list(b) for b in drawn] == batches
+            if kind not in ("subset", "sequential"):  # the user's list; lists cost less
+                assert all(isinstance(b, np.ndarray) and b.dtype.kind == "i" for b in drawn)
+            assert arrayed.state_dict() == listed.state_dict()
+        if stop < len(states) and kind != "sequential":
+            resumed = BatchSampler(make(n, 1000 + seed), batch_size, drop_last)
+            resumed.load_state_dict(states[stop])
+            reference = BatchSampler(make(n, 1000 + seed), batch_size, drop_last)
+            reference.load_state_dict(states[stop])
+            assert [as_list(b) for b in index_batches(resumed, True)] == list(reference)
+
+
+def test_index_arrays_only_for_fastloads_own_samplers():
+    class Reversed(RandomSampler):
+        def __iter__(self):
+            return reversed(sorted(super().__iter__()))
+
+    assert BatchSampler(Reversed(range(5)), 2, False).index_arrays() is None
+    assert BatchSampler(list(range(5)), 2, False).index_arrays() is None
+    assert not draws_arrays(BatchSampler(SequentialSampler(range(5)), 2, False))
+    assert draws_arrays(BatchSampler(RandomSampler(range(5)), 2, False))

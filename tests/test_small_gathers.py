@@ -156,3 +156,38 @@ def test_a_worker_init_fn_may_change_its_workers_rows(tasks_to_workers):
     got = [int(v) for batch in loader for v in batch[0]]
     assert got == [1000 + i for i in range(32)]
     assert dataset.arrays[0][0] == 0 and len(tasks_to_workers) == 8
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_failing_gather_of_drawn_index_arrays_reaches_its_worker_as_a_list(
+        method, tasks_to_workers):
+    # For small gathers fastload's own samplers draw each batch's indices
+    # as an array (BatchSampler.index_arrays); a batch a worker loads after
+    # all gets them as iter() yields them, a list.
+    sampler = fl.RandomSampler(range(12), generator=0)  # 2 more than the dataset has
+    loader = fl.DataLoader(fl.ArrayDataset(np.arange(10)), sampler=sampler, batch_size=12,
+                           num_workers=2, worker_method=method)
+    it = iter(loader)
+    assert it._index_arrays
+    with pytest.raises(IndexError, match=r"indices \[\d+(, \d+){11}\]"):
+        next(it)
+    assert tasks_to_workers == [0]
+
+
+@pytest.mark.parametrize("settings, drawn_as_arrays", [
+    (dict(num_workers=2, shuffle=True), True),
+    (dict(num_workers=2, worker_method="thread", shuffle=True), True),
+    (dict(num_workers=2), False),  # sequential batches: lists cost less
+    (dict(num_workers=2, worker_method="thread", worker_init_fn=print, shuffle=True), True),
+    (dict(num_workers=0, shuffle=True), False),  # the fetcher's, as torch's
+    (dict(num_workers=2, worker_init_fn=print), False),  # the workers gather
+    (dict(num_workers=2, sampler=[3, 1, 2]), False),  # the user's sampler
+])
+def test_which_loaders_draw_index_arrays(settings, drawn_as_arrays):
+    dataset = fl.ArrayDataset(np.arange(10))
+    loader = fl.DataLoader(dataset, batch_size=2, generator=4, **settings)
+    it = iter(loader)
+    assert it._index_arrays is drawn_as_arrays
+    alone = {k: v for k, v in settings.items() if k in ("shuffle", "sampler")}
+    expected = fl.DataLoader(dataset, batch_size=2, generator=4, **alone)
+    assert [b[0].tolist() for b in it] == [b[0].tolist() for b in expected]
