@@ -1,6 +1,8 @@
-"""Checkpoints of a DataLoader: the state's definition, its capture
-(``DataLoader.state_dict``) and its restore (``load_state_dict``, the next
-``iter()``, and each worker), in one place.
+"""Checkpoints of a DataLoader: a state's capture (``DataLoader.state_dict``)
+and its restore (``load_state_dict``, the next ``iter()``, and each worker),
+in one place. The state itself, typed and versioned, is defined in
+``_loader_state``; the position it is captured from, ``Progress``, in
+``_progress``.
 
 NOTE [ Resume contract ]
 
@@ -66,18 +68,11 @@ received, never what workers prefetched. It is made of:
   after it shuffle as they would have (NOTE [ Determinism contract ]); for
   an ``IterDataPipe``, the seed its shufflers got this epoch (drawn as torch
   draws it, see fastload._datapipes).
-
-``LoaderState`` is the state's definition; ``to_dict`` gives plain Python
-and numpy values: picklable, and JSON-serialisable when the samplers' and
-datasets' own states are. States of earlier versions (1: before
-out-of-order records; 2: before the DataPipe seed) load unchanged: every
-field they lack gets the value that means what their version meant.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
-import operator
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -89,209 +84,9 @@ from fastload._fetch import (
     is_stateful,
     skip_batches,
 )
+from fastload._loader_state import LoaderState, WorkerState
+from fastload._progress import NO_SNAPSHOT, Progress, recorded_state, sampler_state
 from fastload.errors import StateMismatchError
-from fastload.sampler import BatchSampler, LazyState, lazy_state_getter
-
-STATE_VERSION = 3
-# Fields an older state lacks, by its version, with the value that means what
-# that version meant: no batch delivered out of order (version 1); no drawn
-# DataPipe seed, the epoch's being derived from the base seed (versions 1, 2).
-_OLDER_DEFAULTS: dict[int, dict[str, Any]] = {
-    1: {"delivered_beyond": [], "datapipe_seed": None},
-    2: {"datapipe_seed": None},
-}
-
-
-# What a batch that is no snapshot step carries in place of the sampler's
-# state (which may itself be None: a sampler that keeps none).
-NO_SNAPSHOT = object()
-
-
-def sampler_state_getter(sampler: Any) -> Callable[[], Any] | None:
-    """The sampler's state_dict method, or None for a sampler that keeps
-    none (fastload's BatchSampler over one included: its state_dict()
-    answers None, and a DataLoader would call it at every snapshot step)."""
-    if type(sampler) is BatchSampler and sampler_state_getter(sampler.sampler) is None:
-        return None
-    getter = getattr(sampler, "state_dict", None)
-    return getter if callable(getter) else None
-
-
-def sampler_snapshot_getter(sampler: Any) -> Callable[[], Any] | None:
-    """What a snapshot step records of the sampler: a LazyState of it for
-    fastload's random samplers (``recorded_state`` makes it the
-    state_dict() when a state is taken), else sampler_state_getter's."""
-    return lazy_state_getter(sampler) or sampler_state_getter(sampler)
-
-
-def recorded_state(recorded: Any) -> Any:
-    """The sampler's state a snapshot step recorded, as its state_dict()."""
-    return recorded() if type(recorded) is LazyState else recorded
-
-
-def sampler_state(sampler: Any) -> Any:
-    """The sampler's state_dict(), or None for a sampler that keeps none."""
-    getter = sampler_state_getter(sampler)
-    return None if getter is None else getter()
-
-
-@dataclasses.dataclass(slots=True)
-class WorkerState:
-    """One worker's dataset replica: its state after batch ``state_step`` of
-    the ``yielded`` it delivered, and whether its iterable stream ran out."""
-
-    yielded: int = 0
-    state: Any = None
-    state_step: int = 0
-    ended: bool = False
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"yielded": self.yielded, "state": self.state,
-                "state_step": self.state_step, "ended": self.ended}
-
-
-@dataclasses.dataclass(slots=True)
-class LoaderState:
-    """What ``state_dict()`` returns, typed (NOTE [ Resume contract ])."""
-
-    settings: dict[str, Any]
-    epoch: int
-    base_seed: int | None
-    yielded: int
-    delivered_beyond: list[list[int]]
-    finished: bool
-    sampler: Any
-    sampler_step: int
-    generator: Any
-    dataset: Any
-    dataset_step: int
-    dataset_ended: bool
-    workers: list[WorkerState] | None
-    next_worker: int
-    datapipe_seed: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values (the nested sampler and dataset states are shared,
-        not copied)."""
-        # One attrgetter call, not a getattr per field: frameworks take a
-        # state after every batch (accelerate does).
-        fields = dict(zip(_STATE_FIELDS, _state_values(self)))
-        if self.workers is not None:
-            fields["workers"] = [worker.as_dict() for worker in self.workers]
-        return {"version": STATE_VERSION, **fields}
-
-    @classmethod
-    def from_dict(cls, state: Any) -> LoaderState:
-        """The typed state of a ``to_dict()`` value (any version so far); raises
-        ValueError saying what is wrong with anything else."""
-        if not isinstance(state, dict) or "version" not in state:
-            raise ValueError(
-                "not a fastload DataLoader state: expected the dict that "
-                f"DataLoader.state_dict() returns, got {type(state).__name__}"
-                + ("" if not isinstance(state, dict) else " without a 'version'"))
-        version = state["version"]
-        if version not in (*_OLDER_DEFAULTS, STATE_VERSION):
-            raise ValueError(
-                f"cannot load a fastload DataLoader state of version {version!r}: this "
-                f"fastload reads versions 1 to {STATE_VERSION} (a newer fastload wrote it?)")
-        values: dict[str, Any] = dict(_OLDER_DEFAULTS.get(version, {}))
-        values.update((key, value) for key, value in state.items() if key != "version")
-        missing = [name for name in _STATE_FIELDS if name not in values]
-        unknown = sorted(set(values) - set(_STATE_FIELDS))
-        if missing or unknown:
-            raise ValueError(
-                f"not a valid fastload DataLoader state of version {version}: "
-                + "; ".join(part for part in (
-                    f"missing {', '.join(missing)}" if missing else "",
-                    f"unknown {', '.join(unknown)}" if unknown else "") if part))
-        if values["workers"] is not None:
-            values["workers"] = [WorkerState(**worker) for worker in values["workers"]]
-        return cls(**values)
-
-
-_STATE_FIELDS = tuple(field.name for field in dataclasses.fields(LoaderState))
-_state_values = operator.attrgetter(*_STATE_FIELDS)
-
-
-class Progress:
-    """Where an epoch stands after the last batch the user received: what a
-    state is captured from.
-
-    ``sampler`` is the index sampler's state recorded when the indices of
-    batch ``sampler_step`` were drawn; ``dataset`` likewise for a dataset
-    loaded in this process; ``workers`` for replicas loaded by workers
-    (None when none is tracked).
-    """
-
-    def __init__(self, epoch: int, base_seed: int, map_style: bool) -> None:
-        self.epoch = epoch
-        self.base_seed = base_seed
-        self.map_style = map_style
-        self.yielded = 0
-        self.finished = False
-        self.sampler: Any = None
-        self.sampler_step = 0
-        self.dataset: Any = None
-        self.dataset_step = 0
-        self.dataset_ended = False
-        self.workers: list[WorkerState] | None = None
-        self.next_worker = 0
-        # The seed an IterDataPipe's shufflers got this epoch (None: derived).
-        self.datapipe_seed: int | None = None
-        # in_order=False: positions delivered past the first one missing,
-        # each with the sampler's state recorded when it was drawn (or None).
-        # ``yielded`` then counts the contiguous prefix only.
-        self.beyond: dict[int, Any] = {}
-
-    def deliver(self, position: int, sampler_state: Any) -> None:
-        """Batch ``position`` of the epoch was delivered (map-style), with
-        the sampler's state if it was a snapshot step (else NO_SNAPSHOT)."""
-        if position != self.yielded:
-            self.beyond[position] = sampler_state
-            return
-        while True:
-            self.yielded += 1
-            if sampler_state is not NO_SNAPSHOT:
-                self.sampler, self.sampler_step = sampler_state, self.yielded
-            if self.yielded not in self.beyond:
-                return
-            sampler_state = self.beyond.pop(self.yielded)
-
-    def stream_ended(self, task: Any) -> None:
-        """A worker's iterable stream ran out (its ENDED task): past its end
-        a stream's state is where the next epoch starts (None: a new
-        iterator then starts afresh)."""
-        if self.workers is not None:
-            worker = self.workers[task.worker_id]
-            worker.ended = True
-            worker.state, worker.state_step = task.dataset_state, worker.yielded
-
-    def advance(self, task: Any) -> None:
-        """Move past a batch a worker loaded, as it is delivered. ``task`` has
-        ``worker_id``; ``position`` in the epoch (map-style: see ``deliver``);
-        ``sampler_state`` (NO_SNAPSHOT but on a snapshot step);
-        ``has_dataset_state`` and ``dataset_state`` (the worker's dataset
-        replica after that batch); ``dataset_ended``."""
-        if self.map_style and (task.position != self.yielded or self.beyond):
-            self.deliver(task.position, task.sampler_state)
-        else:  # the next position, as it is for nearly every batch
-            self.yielded += 1
-            if task.sampler_state is not NO_SNAPSHOT:
-                self.sampler, self.sampler_step = task.sampler_state, self.yielded
-        if self.workers is None:
-            if task.has_dataset_state:
-                # A map-style dataset worker threads share: the main
-                # process's own (NOTE [ Resume contract ]).
-                self.dataset, self.dataset_step = task.dataset_state, self.yielded
-            return
-        worker = self.workers[task.worker_id]
-        worker.yielded += 1
-        if task.has_dataset_state:
-            worker.state, worker.state_step = task.dataset_state, worker.yielded
-        # A short last batch ran the worker's iterator out: a resume must
-        # not start that iterator again.
-        worker.ended = worker.ended or task.dataset_ended
-        self.next_worker = (task.worker_id + 1) % len(self.workers)
 
 
 def describe_loader(loader: Any) -> dict[str, Any]:

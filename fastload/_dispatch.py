@@ -9,9 +9,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from fastload._checkpoint import LoaderState, Progress
 from fastload._fast_path import small_gathers
 from fastload._iterator import BaseIter
+from fastload._loader_state import LoaderState
+from fastload._progress import Progress
 from fastload._task_table import TaskTable
 
 

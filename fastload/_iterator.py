@@ -16,14 +16,9 @@ from typing import Any
 import numpy as np
 
 from fastload import _checkpoint, _datapipes, _seed
-from fastload._checkpoint import (
-    NO_SNAPSHOT,
-    LoaderState,
-    Progress,
-    sampler_snapshot_getter,
-    sampler_state,
-)
 from fastload._fetch import DatasetKind, create_fetcher, is_stateful
+from fastload._loader_state import LoaderState
+from fastload._progress import NO_SNAPSHOT, Progress, sampler_snapshot_getter, sampler_state
 from fastload._sample_rng import context as sample_context
 from fastload._stats import LoaderStats
 from fastload._torch import torch_or_none

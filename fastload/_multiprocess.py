@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from fastload import _checkpoint
-from fastload._checkpoint import LoaderState
 from fastload._dispatch import WorkerIter
 from fastload._fetch import describe_indices
 from fastload._iterator import pin_target
+from fastload._loader_state import LoaderState
 from fastload._process_dispatch import ProcessDispatcher, WorkerSetupFailed
 from fastload._stats import LoaderStats, WorkerStats
 from fastload._task_table import Failure

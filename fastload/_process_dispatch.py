@@ -33,7 +33,6 @@ from collections.abc import Callable
 from typing import Any
 
 from fastload import _checkpoint, _protocol
-from fastload._checkpoint import NO_SNAPSHOT, WorkerState
 from fastload._dispatch import (
     RoundRobin,
     deadline_after,
@@ -42,9 +41,11 @@ from fastload._dispatch import (
 )
 from fastload._fast_path import SmallGathers
 from fastload._fetch import DatasetKind, describe_indices
-from fastload._iterator import EpochDraw, Progress
+from fastload._iterator import EpochDraw
+from fastload._loader_state import WorkerState
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
 from fastload._process_slots import SlotPolicy, copy_out, holds, slot_of
+from fastload._progress import NO_SNAPSHOT, Progress
 from fastload._protocol import (
     DONE,
     ENDED,

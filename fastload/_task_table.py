@@ -57,7 +57,7 @@ class Task:
         self.position = position
         # When this batch is a snapshot step (NOTE [ Resume contract ]): the
         # index sampler's state right after its indices were drawn
-        # (_checkpoint.NO_SNAPSHOT on other steps), and the
+        # (_progress.NO_SNAPSHOT on other steps), and the
         # iterable dataset's state in its worker right after it was fetched
         # (or, for ENDED, where its stream ended).
         self.sampler_state = sampler_state

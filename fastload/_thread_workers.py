@@ -95,12 +95,13 @@ import weakref
 from typing import Any, NoReturn
 
 from fastload import _checkpoint
-from fastload._checkpoint import NO_SNAPSHOT, LoaderState, WorkerState
 from fastload._dispatch import RoundRobin, WorkerIter, wait_seconds
 from fastload._fast_path import not_gathered, writes_in_c, writes_through_files
 from fastload._fetch import describe_indices, is_stateful
 from fastload._iterator import pin_batch, pin_target
+from fastload._loader_state import LoaderState, WorkerState
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
+from fastload._progress import NO_SNAPSHOT
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, STARTED
 from fastload._stats import WorkerStats
 from fastload._task_table import STREAM_ENDED, Task, TaskTable

@@ -21,6 +21,7 @@ import numpy as np
 from fastload import _checkpoint, _datapipes, _memory, _protocol
 from fastload._fast_path import BatchWriter
 from fastload._fetch import DatasetKind, create_fetcher, describe_failure
+from fastload._loader_state import WorkerState
 from fastload._protocol import (
     DONE,
     ENDED,
@@ -178,7 +179,7 @@ class _Worker:
         """Put this worker's dataset replica where a checkpoint left it
         (NOTE [ Resume contract ] in fastload._checkpoint)."""
         self.new_fetcher()
-        replica = _checkpoint.WorkerState(**progress)
+        replica = WorkerState(**progress)
         _checkpoint.resume_replica(self.fetcher, replica,
                                    self.config["batch_size"] if self.auto_collation else None)
         self.batches_done = replica.yielded

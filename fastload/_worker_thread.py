@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from fastload import _checkpoint, _datapipes, _memory
-from fastload._checkpoint import WorkerState
 from fastload._fast_path import BatchWriter, Write
 from fastload._fetch import DatasetKind, create_fetcher, describe_failure
+from fastload._loader_state import WorkerState
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, STARTED
 from fastload._sample_rng import context as sample_context
 from fastload._torch import generator_state

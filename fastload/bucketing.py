@@ -39,8 +39,8 @@ from typing import Any, Union
 import numpy as np
 
 from fastload import _seed
-from fastload._checkpoint import sampler_state
 from fastload._lookahead import _global_rngs_kept
+from fastload._progress import sampler_state
 from fastload._seed import GeneratorArg
 from fastload.distributed import DistributedSampler
 from fastload.errors import InvalidArgumentError

@@ -19,10 +19,11 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from fastload import _checkpoint, _datapipes, _seed
-from fastload._checkpoint import LoaderState, Progress
 from fastload._fetch import DatasetKind
 from fastload._iterator import BaseIter, SingleProcessIter
+from fastload._loader_state import LoaderState
 from fastload._multiprocess import MultiProcessingIter
+from fastload._progress import Progress
 from fastload._seed import GeneratorArg
 from fastload._stats import LoaderStats
 from fastload._thread_workers import ThreadIter

@@ -1,13 +1,14 @@
-"""The checkpoint module as a unit: the state's definition, its versions and
-the errors for anything that is not a state (NOTE [ Resume contract ] in
-fastload._checkpoint). What a state resumes is tested in test_resume*.py."""
+"""The checkpoint as a unit: the state's definition (fastload._loader_state),
+its versions and the errors for anything that is not a state
+(NOTE [ Resume contract ] in fastload._checkpoint). What a state resumes is
+tested in test_resume*.py."""
 import json
 
 import numpy as np
 import pytest
 
 import fastload as fl
-from fastload._checkpoint import STATE_VERSION, LoaderState, WorkerState
+from fastload._loader_state import STATE_VERSION, LoaderState, WorkerState
 
 
 class Stream(fl.IterableDataset):

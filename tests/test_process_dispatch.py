@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 import fastload as fl
-from fastload._checkpoint import Progress
 from fastload._fetch import DatasetKind
 from fastload._iterator import EpochDraw
 from fastload._process_dispatch import ProcessDispatcher, WorkerSetupFailed
 from fastload._process_slots import LATE_SLOT_BYTES
+from fastload._progress import Progress
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT, TASK, decode
 from fastload._stats import WorkerStats
 from fastload._task_table import Failure
