@@ -87,6 +87,7 @@ from fastload._fetch import (
 from fastload._loader_state import LoaderState, WorkerState
 from fastload._progress import NO_SNAPSHOT, Progress, recorded_state, sampler_state
 from fastload.errors import StateMismatchError
+from fastload.sampler import index_batches, listed
 
 
 def describe_loader(loader: Any) -> dict[str, Any]:
@@ -267,7 +268,8 @@ def start(loader: Any, state: LoaderState, restored: bool) -> ResumeStart:
 
 
 def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any, map_style: bool,
-                 fetch_again: Callable[[Any], Any] | None) -> tuple[Progress, Iterator[Any]]:
+                 fetch_again: Callable[[Any], Any] | None,
+                 index_arrays: bool) -> tuple[Progress, Iterator[Any]]:
     """Continue the epoch ``state`` describes (the loader's generator was
     restored already): the progress, and the sampler's iterator positioned
     after the delivered batches: the sampler from its snapshot, then the
@@ -278,7 +280,8 @@ def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any, map_style
     effects (a random draw per sample, say) are where they were. The order
     matters: a sampler without state (torch's RandomSampler) draws its
     epoch's seed from the global RNG at its first step, before a dataset's
-    state may set that RNG."""
+    state may set that RNG. ``index_arrays``: the iterator draws with
+    ``sampler.index_batches`` (see BaseIter)."""
     progress = Progress(state.epoch, state.base_seed, map_style)  # type: ignore[arg-type]
     progress.datapipe_seed = state.datapipe_seed
     progress.yielded = state.yielded
@@ -292,7 +295,7 @@ def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any, map_style
         skip -= progress.sampler_step
     # Asked before iter(), which may take the restored position up at once.
     continues = progress.sampler is not None and _continues_an_epoch(index_sampler)
-    sampler_iter: Iterator[Any] = iter(index_sampler)
+    sampler_iter: Iterator[Any] = index_batches(index_sampler, index_arrays)
     if map_style:
         # Every batch was delivered, only the StopIteration was not: a
         # sampler still inside that epoch (restored from a snapshot before
@@ -313,7 +316,7 @@ def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any, map_style
             for position, index in enumerate(skipped, first):
                 if fetch_again is not None and position >= state.dataset_step:
                     try:
-                        fetch_again(index)
+                        fetch_again(listed(index))
                     except Exception:
                         pass  # that batch was delivered as its exception
     return progress, sampler_iter

@@ -172,7 +172,7 @@ class BaseIter:
         else:
             self._progress, self._sampler_iter = _checkpoint.resume_epoch(
                 resume, self._index_sampler, self._dataset, self._map_style,
-                self._fetch_again(loader))
+                self._fetch_again(loader), self._index_arrays)
         # Batches an in_order=False loader delivered past its first missing
         # one before the checkpoint: drawn from the sampler, never loaded.
         self._skip = frozenset(self._progress.beyond)

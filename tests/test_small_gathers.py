@@ -89,19 +89,28 @@ def test_small_gathers_give_the_workers_bytes_states_and_statistics(
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_a_state_taken_with_small_gathers_resumes_on_either_path(method, monkeypatch):
+@pytest.mark.parametrize("saved_small, resumed_small", [(True, False), (False, True)])
+def test_a_state_taken_with_small_gathers_resumes_on_either_path(
+        method, saved_small, resumed_small, monkeypatch):
+    # Small gathers draw shuffled indices as arrays (BatchSampler.index_arrays),
+    # handed-over batches as lists: a state fits either.
     dataset = fl.ArrayDataset(np.arange(260).reshape(130, 2))
     settings = dict(batch_size=4, shuffle=True, generator=5)
     expected = [b[0].tolist() for b in fl.DataLoader(dataset, **settings)]
+    small = fast_path.SMALL_GATHER_BYTES
+    monkeypatch.setattr(fast_path, "SMALL_GATHER_BYTES", small if saved_small else 0)
     loader = fl.DataLoader(dataset, num_workers=2, worker_method=method, **settings)
     it = iter(loader)
+    assert it._index_arrays is saved_small
     head = [next(it)[0].tolist() for _ in range(7)]
     state = loader.state_dict()
     del it
-    monkeypatch.setattr(fast_path, "SMALL_GATHER_BYTES", 0)
+    monkeypatch.setattr(fast_path, "SMALL_GATHER_BYTES", small if resumed_small else 0)
     resumed = fl.DataLoader(dataset, num_workers=2, worker_method=method, **settings)
     resumed.load_state_dict(state)
-    assert head + [b[0].tolist() for b in resumed] == expected
+    it = iter(resumed)
+    assert it._index_arrays is resumed_small
+    assert head + [b[0].tolist() for b in it] == expected
 
 
 @pytest.mark.parametrize("method", METHODS)
