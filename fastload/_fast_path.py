@@ -141,7 +141,12 @@ def writes_through_files(dataset: Any, kind: DatasetKind, auto_collation: bool,
 # worker's copy of the arrays (worker threads share the dataset).
 # An index that is no plain list of rows, and a gather that raises (an
 # index out of range), are sent to the worker after all, whose batch or
-# error is the batch's, as for any other batch.
+# error is the batch's, as for any other batch. Since no user code sees
+# the indices of these batches, fastload's own random samplers draw them
+# as int64 slices of the epoch's permutation (BatchSampler.index_arrays,
+# chosen in WorkerIter): turning the permutation into Python ints cost
+# more than the gather of 64 small rows. A batch sent to a worker after
+# all gets its list, as iter() would have given it (sampler.listed).
 SMALL_GATHER_BYTES = 256 << 10
 
 
