@@ -63,7 +63,7 @@ from fastload._gathered import GatheredBatch, GatheredTensors
 from fastload._memory import batch_slot_bytes
 from fastload._stats import WorkerStats
 from fastload.collate import default_collate, default_collate_torch_rules, is_stacked_column
-from fastload.dataset import gathered_columns, is_plain_subset
+from fastload.dataset import ArrayDataset, TensorArrayDataset, gathered_columns, is_plain_subset
 from fastload_c import pack
 from fastload_c.pack import SlotTooSmallError
 
@@ -147,6 +147,8 @@ def writes_through_files(dataset: Any, kind: DatasetKind, auto_collation: bool,
 # chosen in WorkerIter): turning the permutation into Python ints cost
 # more than the gather of 64 small rows. A batch sent to a worker after
 # all gets its list, as iter() would have given it (sampler.listed).
+# Without workers a loader of an ArrayDataset draws them so too
+# (reads_index_arrays): its __getitems__ reads an array as it reads a list.
 SMALL_GATHER_BYTES = 256 << 10
 
 
@@ -201,6 +203,16 @@ def small_gathers(loader: Any) -> SmallGathers | None:
     return SmallGathers.of(loader.dataset, loader._dataset_kind, loader._auto_collation,
                            loader._engine_collation()[0],
                            batch_slot_bytes(loader.dataset, loader.batch_size))
+
+
+def reads_index_arrays(loader: Any) -> bool:
+    """Whether a loader without workers may draw its batches' indices as
+    arrays (BatchSampler.index_arrays), as small gathers do: its dataset is
+    exactly fastload's ArrayDataset (or the TensorArrayDataset it makes of
+    tensors), whose ``__getitems__`` reads an index array as it reads a
+    list, so no user code sees an index."""
+    return (loader._dataset_kind is DatasetKind.MAP and loader._auto_collation
+            and type(loader.dataset) in (ArrayDataset, TensorArrayDataset))
 
 
 def not_gathered() -> NoReturn:

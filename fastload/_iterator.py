@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from fastload import _checkpoint, _datapipes, _seed
+from fastload._fast_path import reads_index_arrays
 from fastload._fetch import DatasetKind, create_fetcher, is_stateful
 from fastload._loader_state import LoaderState
 from fastload._progress import NO_SNAPSHOT, Progress, sampler_snapshot_getter, sampler_state
@@ -292,7 +293,7 @@ class SingleProcessIter(BaseIter):
     """Fetches and collates each batch in the calling thread."""
 
     def __init__(self, loader: Any, resume: LoaderState | None) -> None:
-        super().__init__(loader, resume)
+        super().__init__(loader, resume, index_arrays=reads_index_arrays(loader))
         if self._timeout != 0:
             raise InvalidArgumentError(
                 f"timeout={self._timeout} needs worker processes (num_workers > 0); "

@@ -188,7 +188,8 @@ def test_a_failing_gather_of_drawn_index_arrays_reaches_its_worker_as_a_list(
     (dict(num_workers=2, worker_method="thread", shuffle=True), True),
     (dict(num_workers=2), False),  # sequential batches: lists cost less
     (dict(num_workers=2, worker_method="thread", worker_init_fn=print, shuffle=True), True),
-    (dict(num_workers=0, shuffle=True), False),  # the fetcher's, as torch's
+    # Without workers ArrayDataset.__getitems__ reads an array as a list.
+    (dict(num_workers=0, shuffle=True), True),
     (dict(num_workers=2, worker_init_fn=print), False),  # the workers gather
     (dict(num_workers=2, sampler=[3, 1, 2]), False),  # the user's sampler
 ])
@@ -200,3 +201,19 @@ def test_which_loaders_draw_index_arrays(settings, drawn_as_arrays):
     alone = {k: v for k, v in settings.items() if k in ("shuffle", "sampler")}
     expected = fl.DataLoader(dataset, batch_size=2, generator=4, **alone)
     assert [b[0].tolist() for b in it] == [b[0].tolist() for b in expected]
+
+
+class OwnArrayDataset(fl.ArrayDataset):
+    def __getitems__(self, indices):
+        assert type(indices) is list  # torch's batch samplers give lists
+        return super().__getitems__(indices)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_subclass_of_array_dataset_gets_lists(num_workers):
+    dataset = OwnArrayDataset(np.arange(10))
+    loader = fl.DataLoader(dataset, batch_size=3, shuffle=True, generator=1,
+                           num_workers=num_workers)
+    it = iter(loader)
+    assert not it._index_arrays
+    assert sorted(i for b in it for i in b[0].tolist()) == list(range(10))
