@@ -12,6 +12,7 @@ import time
 import numpy as np
 import psutil
 import pytest
+from _processes import running
 
 import fastload as fl
 
@@ -283,8 +284,7 @@ def test_sigkill_of_the_parent_leaves_no_worker():
         proc.kill()
         proc.wait(10)
         time.sleep(1.0)
-        alive = [p for p in pids if psutil.pid_exists(p)
-                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in pids if running(p)]
         assert alive == []
     finally:
         proc.kill()

@@ -11,8 +11,8 @@ import textwrap
 import time
 
 import numpy as np
-import psutil
 import pytest
+from _processes import running
 
 import fastload as fl
 from fastload.errors import CollateError, ShmError, WorkerDiedError
@@ -316,8 +316,7 @@ def test_workers_die_within_a_second_of_their_parent(context, in_thread, tmp_pat
         killed = time.monotonic()
         alive = pids
         while alive and time.monotonic() - killed < 5:
-            alive = [p for p in pids if psutil.pid_exists(p)
-                     and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+            alive = [p for p in pids if running(p)]
             time.sleep(0.05)
         # One second is the promise; 5 s bounds the test on a busy machine.
         assert not alive, f"workers {alive} outlived their parent"

@@ -6,8 +6,8 @@ import textwrap
 import threading
 import time
 
-import psutil
 import pytest
+from _processes import running
 
 from fastload_c import proc
 from fastload_c.ring import Doorbell
@@ -105,11 +105,9 @@ def test_die_with_parent_kills_the_orphan():
         parent.kill()
         parent.wait(10)
         deadline = time.monotonic() + 2
-        while psutil.pid_exists(child) and time.monotonic() < deadline:
-            if psutil.Process(child).status() == psutil.STATUS_ZOMBIE:
-                break
+        while running(child) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+        assert not running(child)
     finally:
         parent.kill()
 
