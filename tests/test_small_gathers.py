@@ -187,10 +187,10 @@ def test_a_failing_gather_of_drawn_index_arrays_reaches_its_worker_as_a_list(
     (dict(num_workers=2, shuffle=True), True),
     (dict(num_workers=2, worker_method="thread", shuffle=True), True),
     (dict(num_workers=2), False),  # sequential batches: lists cost less
-    (dict(num_workers=2, worker_method="thread", worker_init_fn=print, shuffle=True), True),
+    (dict(num_workers=2, worker_method="thread", worker_init_fn=int, shuffle=True), True),
     # Without workers ArrayDataset.__getitems__ reads an array as a list.
     (dict(num_workers=0, shuffle=True), True),
-    (dict(num_workers=2, worker_init_fn=print), False),  # the workers gather
+    (dict(num_workers=2, worker_init_fn=int, shuffle=True), False),  # the workers gather
     (dict(num_workers=2, sampler=[3, 1, 2]), False),  # the user's sampler
 ])
 def test_which_loaders_draw_index_arrays(settings, drawn_as_arrays):
