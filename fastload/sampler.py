@@ -44,7 +44,8 @@ def _joined(parts: list[Chunk]) -> Chunk:
     are, else a list."""
     if all(isinstance(part, np.ndarray) for part in parts):
         return np.concatenate(parts)
-    return [i for part in parts for i in (part.tolist() if isinstance(part, np.ndarray) else part)]
+    return list(itertools.chain.from_iterable(
+        part.tolist() if isinstance(part, np.ndarray) else part for part in parts))
 
 
 def _is_positive_int(value: Any) -> bool:
