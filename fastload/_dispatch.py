@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from fastload._fast_path import small_gathers
+from fastload._fast_path import BatchWriter, small_gathers
 from fastload._iterator import BaseIter
 from fastload._loader_state import LoaderState
 from fastload._progress import Progress
@@ -100,9 +100,14 @@ class WorkerIter(BaseIter):
 
     def __init__(self, loader: Any, resume: LoaderState | None,
                  base_seed: int | None = None) -> None:
-        # Decided before the sampler's iteration starts: where the main
-        # thread gathers every batch, it draws their indices as arrays.
-        self._gathers_here = small_gathers(loader)
+        # How the workers write the batches, as this process sees it, once
+        # for what follows from it. Decided before the sampler's iteration
+        # starts: where the main thread gathers every batch, it draws their
+        # indices as arrays.
+        writer = BatchWriter(loader.dataset, loader._dataset_kind, loader._auto_collation,
+                             loader._engine_collation()[0])
+        self._writes_through_files = writer.writes_through_files
+        self._gathers_here = small_gathers(loader, writer)
         super().__init__(loader, resume, base_seed, index_arrays=self._gathers_here is not None)
         self._prefetch = tasks_in_flight(loader)
         self._in_order = loader.in_order

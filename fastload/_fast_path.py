@@ -102,22 +102,6 @@ def writes_in_c(auto_collation: bool, collate_fn: Callable[[Any], Any]) -> bool:
         collate_fn)
 
 
-def writes_through_files(dataset: Any, kind: DatasetKind, auto_collation: bool,
-                         collate_fn: Callable[[Any], Any]) -> bool:
-    """Whether workers write a loader's batches with pack.collate_into,
-    which writes a large slot through its segment's file: then its pool
-    unmaps large slots once free (NOTE [ Unmapped slots ] in
-    fastload._memory). Not where they gather rows, through their mappings."""
-    if not writes_in_c(auto_collation, collate_fn):
-        return False
-    if kind is not DatasetKind.MAP:
-        return True
-    try:
-        return _gather_source(dataset) is None
-    except IndexError:  # BatchWriter's general path then
-        return True
-
-
 # NOTE [ Small gathers ]
 #
 # Where every batch is a C gather of rows (the gather above: an
@@ -163,17 +147,6 @@ class SmallGathers:
         self._into = gather.into
         self._row_map = row_map
 
-    @classmethod
-    def of(cls, dataset: Any, kind: DatasetKind, auto_collation: bool,
-           collate_fn: Callable[[Any], Any], batch_bytes: int | None) -> SmallGathers | None:
-        """Those of a loader whose every batch is a C gather of rows (NOTE
-        [ Fast paths ]) of at most SMALL_GATHER_BYTES; None for any other.
-        ``batch_bytes``: _memory.batch_slot_bytes of the loader."""
-        if batch_bytes is None or batch_bytes > SMALL_GATHER_BYTES:
-            return None
-        row_gather = BatchWriter(dataset, kind, auto_collation, collate_fn).row_gather
-        return None if row_gather is None else cls(*row_gather)
-
     def gather(self, index: Any, write: Callable[[Write], Any], stats: WorkerStats) -> Any:
         """The batch of ``index`` as ``write(fast)`` makes it with the
         gather's writer ``fast``, counted in ``stats`` (the statistics of
@@ -194,15 +167,17 @@ class SmallGathers:
         return batch
 
 
-def small_gathers(loader: Any) -> SmallGathers | None:
-    """The small gathers of a loader (NOTE [ Small gathers ]): with
-    workers, but not worker processes with a worker_init_fn."""
-    if not loader.num_workers or (loader.worker_method != "thread"
-                                  and loader.worker_init_fn is not None):
+def small_gathers(loader: Any, writer: BatchWriter) -> SmallGathers | None:
+    """The small gathers of a loader with workers whose batches ``writer``
+    writes (NOTE [ Small gathers ]): where every batch is a C gather of
+    rows (NOTE [ Fast paths ]) of at most SMALL_GATHER_BYTES, but not with
+    worker processes and a worker_init_fn; None for any other."""
+    if loader.worker_method != "thread" and loader.worker_init_fn is not None:
         return None
-    return SmallGathers.of(loader.dataset, loader._dataset_kind, loader._auto_collation,
-                           loader._engine_collation()[0],
-                           batch_slot_bytes(loader.dataset, loader.batch_size))
+    batch_bytes = batch_slot_bytes(loader.dataset, loader.batch_size)
+    if writer.row_gather is None or batch_bytes is None or batch_bytes > SMALL_GATHER_BYTES:
+        return None
+    return SmallGathers(*writer.row_gather)
 
 
 def reads_index_arrays(loader: Any) -> bool:
@@ -252,6 +227,14 @@ class BatchWriter:
         """(the C gather, the row map of ``_rows``) when every batch is
         written by a gather of rows, else None."""
         return self._gather
+
+    @property
+    def writes_through_files(self) -> bool:
+        """Whether its batches are written with pack.collate_into, which
+        writes a large slot through its segment's file: then their pool
+        unmaps large slots once free (NOTE [ Unmapped slots ] in
+        fastload._memory). Not where it gathers rows, through the mappings."""
+        return self._default_collation and not self._in_place and self._gather is None
 
     def prepare(self, fetcher: DatasetFetcher, index: Any) -> Write:
         """Fetch the data of one task; return the function that writes its

@@ -211,9 +211,9 @@ SEGMENT_BYTES = 8 << 20
 # * the main process unmaps its own pages of a slot when the slot is free
 #   again (SlabPool's ``unmapped_slot_bytes``), unless the segment is
 #   pinned, and only for loaders whose workers collate that way
-#   (_fast_path.writes_through_files): where they gather rows, their
-#   mappings hold the pages anyway, and a loop reading its batches would
-#   only fault them in again (a worker thread gathering into a slot it
+#   (_fast_path.BatchWriter.writes_through_files): where they gather rows,
+#   their mappings hold the pages anyway, and a loop reading its batches
+#   would only fault them in again (a worker thread gathering into a slot it
 #   had to fault in ran 4x slower on 32 MiB batches);
 # * worker threads write as worker processes do, into their pool's
 #   segments in the main process, whose descriptors stay open.

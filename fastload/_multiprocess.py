@@ -46,7 +46,8 @@ class MultiProcessingIter(WorkerIter):
             resume, loader.num_workers, _checkpoint.tracks_replicas(loader),
             start_states if self._map_style else None)
         self._workers = WorkerGroup(loader, self._base_seed, progress.epoch,
-                                    progress.datapipe_seed, progress.workers, start_states)
+                                    progress.datapipe_seed, progress.workers, start_states,
+                                    writes_through_files=self._writes_through_files)
         self._dispatcher = ProcessDispatcher(loader, self._workers, self._stats.workers,
                                              self._gathers_here, self._index_arrays)
         with self._errors_raised():

@@ -96,7 +96,7 @@ from typing import Any, NoReturn
 
 from fastload import _checkpoint
 from fastload._dispatch import RoundRobin, WorkerIter, wait_seconds
-from fastload._fast_path import not_gathered, writes_in_c, writes_through_files
+from fastload._fast_path import not_gathered, writes_in_c
 from fastload._fetch import describe_indices, is_stateful
 from fastload._iterator import pin_batch, pin_target
 from fastload._loader_state import LoaderState, WorkerState
@@ -149,8 +149,7 @@ class ThreadIter(WorkerIter):
             self._record_shared_start()
         config = WorkerConfig(loader, self._base_seed)
         # Slots for the batches C writes (NOTE [ Thread workers ]).
-        slots = (ThreadSlots(writes_through_files(config.dataset, config.kind,
-                                                  config.auto_collation, config.collate_fn))
+        slots = (ThreadSlots(self._writes_through_files)
                  if writes_in_c(config.auto_collation, config.collate_fn) else None)
         # Small gathers (WorkerIter) are this thread's own (NOTE [ Small
         # gathers ] in fastload._fast_path), written as a worker thread

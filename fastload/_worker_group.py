@@ -47,7 +47,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from fastload import _cpus, _memory, _protocol
-from fastload._fast_path import writes_through_files
 from fastload._protocol import RESET, RETIRE, SEGMENT
 from fastload._worker_process import worker_main
 from fastload_c import proc
@@ -167,7 +166,9 @@ class WorkerGroup:
     live: weakref.WeakSet[WorkerGroup] = weakref.WeakSet()
 
     def __init__(self, loader: Any, base_seed: int, epoch: int, pipe_seed: int | None,
-                 resume: list[Any] | None, start_states: list[Any] | None = None) -> None:
+                 resume: list[Any] | None, start_states: list[Any] | None = None, *,
+                 writes_through_files: bool) -> None:
+        """``writes_through_files``: BatchWriter's, of the loader's batches."""
         context = loader.multiprocessing_context or multiprocessing.get_context()
         _check_children_are_waitable(context)
         self.num_workers: int = loader.num_workers
@@ -200,8 +201,7 @@ class WorkerGroup:
         self.pool = _memory.new_pool(
             self.batch_bytes or INITIAL_SLOT_BYTES,
             pin_memory=loader.pin_memory,
-            unmapped_slot_bytes=_memory.UNMAPPED_SLOT_BYTES if writes_through_files(
-                loader.dataset, loader._dataset_kind, loader._auto_collation, collate_fn) else 0,
+            unmapped_slot_bytes=_memory.UNMAPPED_SLOT_BYTES if writes_through_files else 0,
             on_segment=channels.send_segment, on_retire=channels.retire_segment)
         initial_segments = {seg_id: segment for seg_id, segment, _, _ in self.pool.segments}
         parent_death = threading.current_thread() is threading.main_thread()

@@ -65,7 +65,7 @@ class ThreadSlots:
     acquires apart: making a segment releases the GIL."""
 
     def __init__(self, unmapped: bool) -> None:
-        # ``unmapped``: fastload._fast_path.writes_through_files.
+        # ``unmapped``: fastload._fast_path.BatchWriter.writes_through_files.
         self.pool = _memory.new_pool(
             INITIAL_SLOT_BYTES, unmapped_slot_bytes=_memory.UNMAPPED_SLOT_BYTES if unmapped else 0)
         self.size = 0
