@@ -45,10 +45,13 @@ class MultiProcessingIter(WorkerIter):
         progress.workers, progress.next_worker = _checkpoint.worker_states(
             resume, loader.num_workers, _checkpoint.tracks_replicas(loader),
             start_states if self._map_style else None)
-        self._workers = WorkerGroup(loader, self._base_seed, progress.epoch,
-                                    progress.datapipe_seed, progress.workers, start_states,
-                                    writes_through_files=self._writes_through_files)
-        self._dispatcher = ProcessDispatcher(loader, self._workers, self._stats.workers,
+        self._group = WorkerGroup(loader, self._base_seed, progress.epoch,
+                                  progress.datapipe_seed, progress.workers, start_states,
+                                  writes_through_files=self._writes_through_files)
+        # torch's iterator keeps its worker processes under this name, and
+        # code written against torch (its own tests among it) joins them.
+        self._workers = self._group.processes
+        self._dispatcher = ProcessDispatcher(loader, self._group, self._stats.workers,
                                              self._gathers_here, self._index_arrays)
         with self._errors_raised():
             self._dispatcher.begin_epoch(self._epoch_draw(), progress)
@@ -56,11 +59,11 @@ class MultiProcessingIter(WorkerIter):
 
     def stats(self) -> LoaderStats:
         stats = self._stats
-        pool = self._workers.pool
+        pool = self._group.pool
         stats.slots_leased = pool.leased
         stats.slots_free = pool.free_slots
         stats.pool_bytes = pool.nbytes
-        stats.ring_messages = sum(ring.count for ring in self._workers.result_rings)
+        stats.ring_messages = sum(ring.count for ring in self._group.result_rings)
         return stats
 
     def _shutdown(self) -> None:
@@ -69,7 +72,7 @@ class MultiProcessingIter(WorkerIter):
     @property
     def worker_pids(self) -> list[int]:
         """The pids of this iterator's worker processes, in worker-id order."""
-        return self._workers.pids
+        return self._group.pids
 
     def _reset(self, loader: Any) -> None:
         """Persistent workers: a new epoch over the same processes."""
@@ -78,7 +81,7 @@ class MultiProcessingIter(WorkerIter):
         if not self._map_style:
             # A new stream per worker.
             self._progress.workers, _ = _checkpoint.worker_states(
-                None, self._workers.num_workers, tracked=True)
+                None, self._group.num_workers, tracked=True)
         else:
             # A map-style replica goes on as it is.
             self._progress.workers = _checkpoint.replicas_carried(previous)
@@ -101,7 +104,7 @@ class MultiProcessingIter(WorkerIter):
         # after it, as in the main process and in torch.
         self._progress.advance(task)
         if isinstance(batch, Failure):
-            batch.error.reraise(self._workers.pids[batch.error.worker_id])
+            batch.error.reraise(self._group.pids[batch.error.worker_id])
         if self._pin_custom and hasattr(batch, "pin_memory"):
             batch = batch.pin_memory()  # the slots themselves are pinned
         return batch if self._output is None else self._convert(batch)
@@ -132,7 +135,7 @@ class MultiProcessingIter(WorkerIter):
         raised here with its type and traceback text, without the internal
         note it came in; the workers are shut down first (the epoch cannot
         go on)."""
-        pid = self._workers.pids[error.worker_id]
+        pid = self._group.pids[error.worker_id]
         self._stop()
         raise error.exception(pid) from None
 
@@ -155,4 +158,4 @@ class MultiProcessingIter(WorkerIter):
     def _stop(self) -> None:
         """Shut the workers down for good: this iterator's epoch is over."""
         self.reusable = False
-        self._workers.shutdown()
+        self._group.shutdown()

@@ -19,7 +19,10 @@ the interpreter exiting. ``_shutdown`` is that one path, run by a
 2. Join each worker with a shared deadline; then SIGTERM the ones still
    alive (a dataset stuck in a C call), join briefly; then SIGKILL and join.
    Joining reaps: no zombie is left.
-3. Stop ringing the doorbell on SIGCHLD, close the sockets. The segments are
+3. Stop ringing the doorbell on SIGCHLD, close the sockets. The joined
+   processes are not closed: code written against torch joins its
+   iterator's ``_workers`` after the shutdown, and each releases its
+   descriptor when it is collected, with the group. The segments are
    unmapped when the last batch a user holds on them is gone (NOTE [ Slot
    ownership and lifetime ] in fastload_c.slab); being memfds, they vanish
    with the last process that maps them whatever killed it.
@@ -187,8 +190,6 @@ class WorkerGroup:
         self.task_rings = channels.task_rings
         self.sockets = channels.sockets
         self.processes = channels.processes
-        # Kept apart: a shut-down group's processes are closed, and a closed
-        # Process no longer tells its pid.
         self.pids: list[int] = []
         self.result_rings: list[Ring] = []
         self._finalizer = weakref.finalize(
@@ -366,7 +367,6 @@ def _shutdown(processes: list[Any], task_rings: list[Ring], result_rings: list[R
     steps: list[Callable[[], None]] = [ring.close for ring in task_rings + result_rings]
     steps += [functools.partial(_join_until, p, deadline) for p in processes]
     steps.append(lambda: _stop_stubborn(processes))
-    steps += [p.close for p in processes]
     steps += [sock.close for sock in sockets]
     if sigchld:
         steps.append(lambda: proc.stop_ringing(doorbell))

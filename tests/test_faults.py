@@ -507,7 +507,7 @@ def test_a_death_found_while_answers_are_handled_is_looked_for_again():
 
     loader = fl.DataLoader(Four(), batch_size=2, num_workers=2, persistent_workers=True)
     list(loader)
-    group = loader._iterator._workers
+    group = loader._iterator._group
     counted = proc.sigchld_count()
     os.kill(group.pids[0], signal.SIGKILL)
     deadline = time.monotonic() + 10

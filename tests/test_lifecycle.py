@@ -220,12 +220,42 @@ def test_iter_without_next_keeps_resources_bounded():
     loader = fl.DataLoader(fl.ArrayDataset(np.arange(4096.0)), batch_size=64, num_workers=2,
                            persistent_workers=True)
     it = iter(loader)
-    fds, pool = len(os.listdir("/proc/self/fd")), it._workers.pool.nbytes
+    fds, pool = len(os.listdir("/proc/self/fd")), it._group.pool.nbytes
     for _ in range(200):
         it = iter(loader)
     assert len(os.listdir("/proc/self/fd")) <= fds + 4
-    assert it._workers.pool.nbytes <= 2 * pool
+    assert it._group.pool.nbytes <= 2 * pool
     assert sum(1 for _ in it) == 64
+
+
+class Counting(fl.IterableDataset):
+    """Each worker yields its share of range(n), as torch's docs shard."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        info = fl.get_worker_info()
+        return iter(range(info.id, self.n, info.num_workers))
+
+
+@pytest.mark.parametrize("stop", ["break", "exhausted", "iterable"])
+def test_an_iterators_workers_can_be_joined_as_torchs_after_it_is_gone(stop):
+    # torch's iterator keeps its processes in _workers; code written against
+    # it (torch's own test_partial_workers, say) joins them once the
+    # iterator is deleted, and expects each to have ended cleanly.
+    dataset = Counting(40) if stop == "iterable" else Sleepy(n=64)
+    it = iter(fl.DataLoader(dataset, batch_size=2, num_workers=2))
+    workers = it._workers
+    assert [w.pid for w in workers] == it.worker_pids
+    for i, _ in enumerate(it):
+        if stop == "break" and i == 10:
+            break
+    del it
+    for worker in workers:
+        worker.join(10)
+        assert not worker.is_alive()
+        assert worker.exitcode == 0
 
 
 SCRIPT_HEADER = """
@@ -388,7 +418,7 @@ class Recorder:
         self._call("join")
 
 
-STEPS = ["task.close", "result.close", "worker.join", "worker.close", "socket.close"]
+STEPS = ["task.close", "result.close", "worker.join", "socket.close"]
 
 
 @pytest.mark.parametrize("interrupted", STEPS)

@@ -279,7 +279,7 @@ def test_only_pools_of_collated_batches_unmap_their_free_slots():
                                     fl.default_collate)
     assert not writes_through_files(Megabytes(), map_style, True, lambda b: b)
     assert not writes_through_files(Megabytes(), map_style, False, fl.default_collate)
-    for worker_method, pool_of in (("multiprocessing", lambda it: it._workers.pool),
+    for worker_method, pool_of in (("multiprocessing", lambda it: it._group.pool),
                                    ("thread", lambda it: it._slots.pool)):
         for dataset, unmapped in ((rows, 0), (Megabytes(), 4 << 20)):
             batches = iter(fl.DataLoader(dataset, batch_size=8, num_workers=2,
@@ -448,7 +448,7 @@ def test_a_ready_batch_is_returned_before_the_pool_grows_for_others():
     loader = fl.DataLoader(Rows(), batch_size=1, num_workers=2, prefetch_factor=2)
     it = iter(loader)
     first = next(it)
-    pool = it._workers.pool
+    pool = it._group.pool
     grown = [s for s in pool.segments if s[2] == pool.slot_size]
     assert len(grown) == 1 and grown[0][3] == 2
     got = [first[0]] + [b[0] for b in it]
@@ -509,7 +509,7 @@ def test_late_slots_give_every_batch_as_without_workers(in_order):
                            persistent_workers=True, in_order=in_order)
     it = iter(loader)
     next(it)
-    assert it._workers.pool.slot_size >= LATE_SLOT_BYTES
+    assert it._group.pool.slot_size >= LATE_SLOT_BYTES
     for _ in range(2):
         assert summary(epoch(loader)) == expected
     # An epoch given up early leaves late tasks behind, stale.
@@ -608,6 +608,6 @@ def test_rings_spin_only_when_every_process_has_a_cpu(monkeypatch, method, cpus,
     loader = fl.DataLoader(RingSpins(), batch_size=None, num_workers=2,
                            multiprocessing_context=method)
     it = iter(loader)
-    main_spins = [ring.spin for ring in (*it._workers.task_rings, *it._workers.result_rings)]
+    main_spins = [ring.spin for ring in (*it._group.task_rings, *it._group.result_rings)]
     assert main_spins == pytest.approx([spin] * 4)
     assert [list(worker_spins) for worker_spins in it] == [pytest.approx([spin, spin])] * 2

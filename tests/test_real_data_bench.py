@@ -87,7 +87,7 @@ def test_the_pool_of_an_array_dataset_starts_with_slots_of_one_batch():
     large = fl.ArrayDataset(np.zeros((8, 1 << 18), np.float32))
     it = iter(fl.DataLoader(large, batch_size=4, num_workers=2))
     assert next(it)[0].shape == (4, 1 << 18)
-    pool = it._workers.pool
+    pool = it._group.pool
     assert pool.slot_size == 4 << 20  # exactly one batch: never grown, no headroom
     assert all(size == pool.slot_size for _, _, size, _ in pool.segments)
 
