@@ -17,7 +17,7 @@ received, never what workers prefetched. It is made of:
   permutation, same position, no index replayed and no sample fetched.
   Samplers without state are fast-forwarded by counting whole batches from
   the start of the epoch, as torchdata does. For fastload's random samplers
-  a snapshot records a ``LazyState`` (fastload.sampler), the state's values
+  a snapshot records a ``LazyState`` (fastload._epoch_pieces), the state's values
   without its dicts, made into the state_dict() only when a state is taken;
 * for iterable datasets, the stream's state after each delivered batch, per
   worker (recorded in the worker right after it fetched that batch), plus
@@ -77,6 +77,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from fastload import _seed
+from fastload._epoch_pieces import listed
 from fastload._fetch import (
     DatasetFetcher,
     DatasetKind,
@@ -87,7 +88,7 @@ from fastload._fetch import (
 from fastload._loader_state import LoaderState, WorkerState
 from fastload._progress import NO_SNAPSHOT, Progress, recorded_state, sampler_state
 from fastload.errors import StateMismatchError
-from fastload.sampler import index_batches, listed
+from fastload.sampler import index_batches
 
 
 def describe_loader(loader: Any) -> dict[str, Any]:

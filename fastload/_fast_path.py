@@ -130,7 +130,7 @@ def writes_in_c(auto_collation: bool, collate_fn: Callable[[Any], Any]) -> bool:
 # as int64 slices of the epoch's permutation (BatchSampler.index_arrays,
 # chosen in WorkerIter): turning the permutation into Python ints cost
 # more than the gather of 64 small rows. A batch sent to a worker after
-# all gets its list, as iter() would have given it (sampler.listed).
+# all gets its list, as iter() would have given it (_epoch_pieces.listed).
 # Without workers a loader of an ArrayDataset draws them so too
 # (reads_index_arrays): its __getitems__ reads an array as it reads a list.
 SMALL_GATHER_BYTES = 256 << 10

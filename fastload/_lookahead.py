@@ -20,7 +20,7 @@ lookahead. A DistributedSampler is copied at ``epoch + 1``, the
 RandomSampler's copy draws from a numpy generator (the epoch's
 permutation) is kept for the sampler, which takes it instead of drawing it
 again when its next epoch starts from the same token with the same length
-(fastload.sampler._DrawnAhead): iter() then no longer waits for a second
+(fastload._epoch_pieces.DrawnAhead): iter() then no longer waits for a second
 permutation (4 ms for 262144 rows).
 
 The head is a guess, and it is checked: at ``iter()`` each batch the real
@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from fastload._epoch_pieces import same_indices
 from fastload._task_table import TaskTable
 from fastload._torch import (
     generator_state,
@@ -66,7 +67,6 @@ from fastload.sampler import (
     SubsetRandomSampler,
     WeightedRandomSampler,
     index_batches,
-    same_indices,
 )
 
 _EPOCH_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
@@ -105,7 +105,7 @@ def _independent_copy(sampler: Any) -> Any:
         return None if inner is None else _copy_with(sampler, sampler=inner)
     if kind in _EPOCH_SAMPLERS:
         # Its draws are kept for the sampler, which takes them if its next
-        # epoch is the one guessed (fastload.sampler._DrawnAhead).
+        # epoch is the one guessed (fastload._epoch_pieces.DrawnAhead).
         return _copy_with(sampler, _rng=_clone_generator(sampler._rng), _draws_ahead=True)
     if kind in torch_data_classes(None, *TORCH_RANDOM_SAMPLERS):
         return _copy_with(sampler, generator=_clone_generator(sampler.generator))

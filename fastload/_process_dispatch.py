@@ -39,6 +39,7 @@ from fastload._dispatch import (
     tasks_in_flight,
     wait_seconds,
 )
+from fastload._epoch_pieces import listed
 from fastload._fast_path import SmallGathers
 from fastload._fetch import DatasetKind, describe_indices
 from fastload._iterator import EpochDraw
@@ -59,7 +60,6 @@ from fastload._stats import WorkerStats
 from fastload._task_table import STREAM_ENDED, Failure, Task, TaskTable
 from fastload._worker_error import WorkerError
 from fastload._worker_group import SIGCHLD_SAFETY_SECONDS, WorkerGroup, WorkerGroupDied
-from fastload.sampler import listed
 from fastload_c import pack
 
 # Without SIGCHLD (forkserver workers are not our children) the waiting main

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from fastload._epoch_pieces import LazyState
 from fastload._loader_state import WorkerState
-from fastload.sampler import BatchSampler, LazyState, lazy_state_getter
+from fastload.sampler import BatchSampler, lazy_state_getter
 
 # What a batch that is no snapshot step carries in place of the sampler's
 # state (which may itself be None: a sampler that keeps none).

@@ -96,6 +96,7 @@ from typing import Any, NoReturn
 
 from fastload import _checkpoint
 from fastload._dispatch import RoundRobin, WorkerIter, wait_seconds
+from fastload._epoch_pieces import listed
 from fastload._fast_path import not_gathered, writes_in_c
 from fastload._fetch import describe_indices, is_stateful
 from fastload._iterator import pin_batch, pin_target
@@ -119,7 +120,6 @@ from fastload._worker_thread import (
     stop_workers,
 )
 from fastload.errors import WorkerDiedError
-from fastload.sampler import listed
 
 # How often the waiting main thread checks that its worker threads live.
 LIVENESS_POLL_SECONDS = 0.1

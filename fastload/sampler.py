@@ -4,11 +4,22 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
-from typing import Any, Generic, TypeGuard, TypeVar, Union
+from typing import Any, Generic, TypeGuard, TypeVar
 
 import numpy as np
 
 from fastload import _seed
+from fastload._epoch_pieces import (
+    Chunk,
+    DrawnAhead,
+    LazyState,
+    batch_state,
+    batched_epoch_state,
+    epoch_state,
+    joined,
+    pieces,
+    recorded,
+)
 from fastload._seed import GeneratorArg
 from fastload._torch import is_torch_generator
 
@@ -22,30 +33,6 @@ __all__ = [
 ]
 
 T_co = TypeVar("T_co", covariant=True)
-# One piece of an epoch's indices: an array, or a list for non-array indices.
-Chunk = Union[np.ndarray, list[Any]]
-# An epoch's drawn indices become Python ints this many at a time: its first
-# batches (and the epoch lookahead's guess of them, NOTE [ Epoch lookahead ]
-# in fastload._lookahead) do not wait for a whole permutation's list.
-LIST_ITEMS = 8192
-
-
-def _pieces(chunk: Chunk) -> Iterator[Chunk]:
-    """A chunk in pieces of at most LIST_ITEMS (views: nothing converted)."""
-    if isinstance(chunk, np.ndarray):
-        for start in range(0, len(chunk), LIST_ITEMS):
-            yield chunk[start:start + LIST_ITEMS]
-    else:
-        yield chunk
-
-
-def _joined(parts: list[Chunk]) -> Chunk:
-    """One batch of slices of consecutive pieces: an array when they all
-    are, else a list."""
-    if all(isinstance(part, np.ndarray) for part in parts):
-        return np.concatenate(parts)
-    return list(itertools.chain.from_iterable(
-        part.tolist() if isinstance(part, np.ndarray) else part for part in parts))
 
 
 def _is_positive_int(value: Any) -> bool:
@@ -84,58 +71,6 @@ class SequentialSampler(Sampler[int]):
         return len(self.data_source)
 
 
-class _DrawnAhead:
-    """The chunks an epoch lookahead's copy of a sampler drew for the
-    sampler's next epoch (NOTE [ Epoch lookahead ] in fastload._lookahead):
-    its key (the token and what else the chunks depend on), the chunks drawn
-    so far and the draw that goes on after them. A sampler and its shallow
-    copies share one; a pickled or deep-copied sampler gets an empty one."""
-
-    __slots__ = ("key", "chunks", "rest")
-
-    def __init__(self) -> None:
-        self.clear()
-
-    def clear(self) -> None:
-        self.key: Any = None
-        self.chunks: list[Chunk] = []
-        self.rest: Iterator[Chunk] = iter(())
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_DrawnAhead, ())
-
-
-def _recorded(drawn: _DrawnAhead, key: Any) -> Iterator[Chunk]:
-    """``drawn.rest``, each chunk kept in ``drawn.chunks`` as it is drawn."""
-    for chunk in drawn.rest:
-        if drawn.key == key:
-            drawn.chunks.append(chunk)
-        yield chunk
-
-
-class LazyState(functools.partial):  # type: ignore[type-arg]
-    """A sampler's state as of one draw, made into its ``state_dict()``
-    when called. A DataLoader records the index sampler's state at every
-    snapshot step (NOTE [ Resume contract ] in fastload._checkpoint) and
-    reads few of them: for fastload's random samplers it records this,
-    which costs no dicts (``lazy_state_getter``)."""
-
-
-def _epoch_state(generator: Any, epoch: Any, yielded: int) -> dict[str, Any]:
-    """An _EpochSampler's state_dict()."""
-    return {"generator": generator, "epoch": epoch, "yielded": yielded}
-
-
-def _batched_epoch_state(generator: Any, epoch: Any, yielded: int) -> dict[str, Any]:
-    """A BatchSampler's state_dict() over an _EpochSampler."""
-    return _batch_state(_epoch_state(generator, epoch, yielded))
-
-
-def _batch_state(inner: Any) -> dict[str, Any]:
-    """A BatchSampler's state_dict() around its sampler's ``inner``."""
-    return {"sampler": inner}
-
-
 def lazy_state_getter(sampler: Any) -> Callable[[], LazyState] | None:
     """For fastload's random samplers (and its BatchSampler over one) whose
     state_dict is theirs: what gives the sampler's state as a LazyState;
@@ -144,7 +79,7 @@ def lazy_state_getter(sampler: Any) -> Callable[[], LazyState] | None:
     inner = sampler.sampler if batched else sampler
     if not isinstance(inner, _EpochSampler) or type(inner).state_dict is not _EpochSampler.state_dict:
         return None
-    return functools.partial(inner._lazy_state, _batched_epoch_state if batched else _epoch_state)
+    return functools.partial(inner._lazy_state, batched_epoch_state if batched else epoch_state)
 
 
 class _EpochSampler(Sampler[int]):
@@ -177,7 +112,7 @@ class _EpochSampler(Sampler[int]):
     # The next epoch's chunks as a lookahead's copy drew them, and whether
     # this sampler is such a copy (NOTE [ Epoch lookahead ]): the sampler
     # then takes them instead of drawing them again.
-    _drawn_ahead: _DrawnAhead | None = None
+    _drawn_ahead: DrawnAhead | None = None
     _draws_ahead = False
 
     @property
@@ -190,7 +125,7 @@ class _EpochSampler(Sampler[int]):
         # epochs continue its stream instead of restarting it.
         self._rng = _seed.resolve_generator(value)
         self._generator = self._rng if isinstance(value, (int, np.integer)) else value
-        self._drawn_ahead = _DrawnAhead()
+        self._drawn_ahead = DrawnAhead()
 
     def _epoch_chunks(self, rng: Any) -> Iterator[Chunk]:
         raise NotImplementedError
@@ -214,7 +149,7 @@ class _EpochSampler(Sampler[int]):
         if self._draws_ahead:
             drawn.clear()
             drawn.key, drawn.rest = key, self._epoch_chunks(np.random.default_rng(token))
-            return _recorded(drawn, key)
+            return recorded(drawn, key)
         if drawn.key == key:
             chunks, rest = drawn.chunks, drawn.rest
             drawn.clear()
@@ -240,7 +175,7 @@ class _EpochSampler(Sampler[int]):
         done = 0
         for chunk in self._chunks(token):
             self._generator_state = None  # drawing the chunk may have moved it
-            for piece in _pieces(chunk):
+            for piece in pieces(chunk):
                 if skip >= len(piece):  # resumed past it: never converted
                     skip -= len(piece)
                     done += len(piece)
@@ -303,7 +238,7 @@ class _EpochSampler(Sampler[int]):
                 current.__setstate__(end)
                 if parts:
                     parts.append(items[start:end])
-                    yield _joined(parts)
+                    yield joined(parts)
                     parts = []
                 else:
                     yield items[start:end]
@@ -313,11 +248,11 @@ class _EpochSampler(Sampler[int]):
                 current.__setstate__(size)
                 missing -= size - start
         if parts and not drop_last:
-            yield _joined(parts)
+            yield joined(parts)
 
     def state_dict(self) -> dict[str, Any]:
         """Generator state, the current epoch's token and its position."""
-        state: dict[str, Any] = self._lazy_state(_epoch_state)()
+        state: dict[str, Any] = self._lazy_state(epoch_state)()
         return state
 
     def _lazy_state(self, make: Callable[[Any, Any, int], Any]) -> LazyState:
@@ -557,7 +492,7 @@ class BatchSampler(Sampler[list[int]]):
         the position of its last index), or None when it keeps none; a
         DataLoader then resumes by counting batches."""
         inner = getattr(self.sampler, "state_dict", None)
-        return None if inner is None else _batch_state(inner())
+        return None if inner is None else batch_state(inner())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])  # type: ignore[union-attr]
@@ -591,17 +526,3 @@ def index_batches(index_sampler: Any, as_arrays: bool) -> Iterator[Any]:
         assert batches is not None  # draws_arrays said so
         return batches
     return iter(index_sampler)
-
-
-def listed(index: Any) -> Any:
-    """A batch of ``index_arrays()`` as iter() yields it (a list), for code
-    that may show it to the user (a worker's fetch)."""
-    return index.tolist() if isinstance(index, np.ndarray) else index
-
-
-def same_indices(first: Any, second: Any) -> bool:
-    """Whether two batches of one iteration (lists, or index_arrays()'s
-    arrays) hold the same indices."""
-    if isinstance(first, np.ndarray) or isinstance(second, np.ndarray):
-        return type(first) is type(second) and np.array_equal(first, second)
-    return bool(first == second)

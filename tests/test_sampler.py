@@ -17,8 +17,8 @@ from fastload import (
     SequentialSampler,
     SubsetRandomSampler,
     WeightedRandomSampler,
+    _epoch_pieces,
 )
-from fastload import sampler as sampler_module
 from fastload.sampler import draws_arrays, index_batches, lazy_state_getter
 
 
@@ -164,13 +164,11 @@ def test_sampler_state_dict_resumes_mid_epoch_and_later_epochs(make, stop):
 @pytest.mark.parametrize("stop", [0, 8191, 8192, 8193, 16390, 20000])
 def test_a_long_epoch_turned_into_ints_piecewise_is_one_permutation_and_resumes(stop):
     """A permutation's indices become Python ints a piece at a time
-    (sampler.LIST_ITEMS): the epoch is still the one permutation its token
+    (_epoch_pieces.LIST_ITEMS): the epoch is still the one permutation its token
     draws, batches run across the pieces, and a state taken anywhere in it,
     at a piece's edge too, resumes at the next index."""
-    from fastload import sampler as sampler_module
-
     n = 20000
-    assert n > 2 * sampler_module.LIST_ITEMS
+    assert n > 2 * _epoch_pieces.LIST_ITEMS
     probe = RandomSampler(range(n), generator=np.random.default_rng(5))
     next(iter(probe))
     whole = np.random.default_rng(probe.state_dict()["epoch"]).permutation(n).tolist()
@@ -561,7 +559,7 @@ def test_property_index_arrays_are_iters_batches_with_its_states(kind, n, batch_
     # gathers ]): the same indices, and a state after each batch that
     # resumes either way. piece=7: batches cut across pieces of a chunk.
     make = SAMPLER_MAKERS[kind]
-    with mock.patch.object(sampler_module, "LIST_ITEMS", piece):
+    with mock.patch.object(_epoch_pieces, "LIST_ITEMS", piece):
         listed = BatchSampler(make(n, seed), batch_size, drop_last)
         arrayed = BatchSampler(make(n, seed), batch_size, drop_last)
         states = []
