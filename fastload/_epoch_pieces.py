@@ -91,13 +91,13 @@ def batch_state(inner: Any) -> dict[str, Any]:
 
 
 def listed(index: Any) -> Any:
-    """A batch of ``index_arrays()`` as iter() yields it (a list), for code
+    """A batch of ``_index_arrays()`` as iter() yields it (a list), for code
     that may show it to the user (a worker's fetch)."""
     return index.tolist() if isinstance(index, np.ndarray) else index
 
 
 def same_indices(first: Any, second: Any) -> bool:
-    """Whether two batches of one iteration (lists, or index_arrays()'s
+    """Whether two batches of one iteration (lists, or _index_arrays()'s
     arrays) hold the same indices."""
     if isinstance(first, np.ndarray) or isinstance(second, np.ndarray):
         return type(first) is type(second) and np.array_equal(first, second)

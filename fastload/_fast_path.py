@@ -127,7 +127,7 @@ def writes_in_c(auto_collation: bool, collate_fn: Callable[[Any], Any]) -> bool:
 # index out of range), are sent to the worker after all, whose batch or
 # error is the batch's, as for any other batch. Since no user code sees
 # the indices of these batches, fastload's own random samplers draw them
-# as int64 slices of the epoch's permutation (BatchSampler.index_arrays,
+# as int64 slices of the epoch's permutation (BatchSampler._index_arrays,
 # chosen in WorkerIter): turning the permutation into Python ints cost
 # more than the gather of 64 small rows. A batch sent to a worker after
 # all gets its list, as iter() would have given it (_epoch_pieces.listed).
@@ -182,7 +182,7 @@ def small_gathers(loader: Any, writer: BatchWriter) -> SmallGathers | None:
 
 def reads_index_arrays(loader: Any) -> bool:
     """Whether a loader without workers may draw its batches' indices as
-    arrays (BatchSampler.index_arrays), as small gathers do: its dataset is
+    arrays (BatchSampler._index_arrays), as small gathers do: its dataset is
     exactly fastload's ArrayDataset (or the TensorArrayDataset it makes of
     tensors), whose ``__getitems__`` reads an index array as it reads a
     list, so no user code sees an index."""
@@ -296,7 +296,7 @@ def _rows(index: Any, row_map: np.ndarray | None) -> np.ndarray | None:
     it means)."""
     try:
         if type(index) is np.ndarray and index.dtype == _INTP and index.ndim == 1:
-            rows = index  # the loader's own draw (BatchSampler.index_arrays)
+            rows = index  # the loader's own draw (BatchSampler._index_arrays)
         else:
             rows = pack.int_rows(index)  # the usual list of ints, without numpy's inference
         if rows is None:

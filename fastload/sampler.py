@@ -218,7 +218,7 @@ class _EpochSampler(Sampler[int]):
         """What ``BatchSampler(self, batch_size, drop_last)`` yields, sliced
         from the epoch's lists instead of one Python step per index;
         ``as_arrays``: each batch an integer array instead where the epoch's
-        indices are (BatchSampler.index_arrays)."""
+        indices are (BatchSampler._index_arrays)."""
         self._start_iteration()
         return self._batch_slices(batch_size, drop_last, as_arrays)
 
@@ -456,7 +456,7 @@ class BatchSampler(Sampler[list[int]]):
                                   ) -> Iterator[list[int]]:
         yield from self._grouped(iter(sampler))
 
-    def index_arrays(self) -> Iterator[Any] | None:
+    def _index_arrays(self) -> Iterator[Any] | None:
         """The batches iter() yields, each an integer array where the
         sampler's indices are (no Python int made per index), for a loader
         that shows no index to user code (NOTE [ Small gathers ] in
@@ -511,7 +511,7 @@ def _iterates_as_epoch_sampler(sampler: Any) -> TypeGuard[_EpochSampler]:
 
 
 def draws_arrays(index_sampler: Any) -> bool:
-    """Whether ``index_sampler`` has ``index_arrays()``: fastload's
+    """Whether ``index_sampler`` has ``_index_arrays()``: fastload's
     BatchSampler (not a subclass) over its own random samplers. (A
     sequential batch is cheaper as a list: np.arange costs more than
     list(range()) for a few indices, and nothing is converted.)"""
@@ -519,10 +519,10 @@ def draws_arrays(index_sampler: Any) -> bool:
 
 
 def index_batches(index_sampler: Any, as_arrays: bool) -> Iterator[Any]:
-    """``iter(index_sampler)``, or with ``as_arrays`` its ``index_arrays()``
+    """``iter(index_sampler)``, or with ``as_arrays`` its ``_index_arrays()``
     where it has them (``draws_arrays``)."""
     if as_arrays and draws_arrays(index_sampler):
-        batches: Iterator[Any] | None = index_sampler.index_arrays()
+        batches: Iterator[Any] | None = index_sampler._index_arrays()
         assert batches is not None  # draws_arrays said so
         return batches
     return iter(index_sampler)

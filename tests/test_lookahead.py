@@ -493,7 +493,7 @@ def test_shuffled_epochs_equal_those_without_lookahead(method):
 
 
 def test_a_guess_of_index_arrays_is_adopted_when_it_is_right():
-    # Small gathers draw index arrays (BatchSampler.index_arrays), which
+    # Small gathers draw index arrays (BatchSampler._index_arrays), which
     # the lookahead guesses too.
     from fastload._lookahead import CarriedTasks
 

@@ -586,7 +586,7 @@ def test_index_arrays_only_for_fastloads_own_samplers():
         def __iter__(self):
             return reversed(sorted(super().__iter__()))
 
-    assert BatchSampler(Reversed(range(5)), 2, False).index_arrays() is None
-    assert BatchSampler(list(range(5)), 2, False).index_arrays() is None
+    assert BatchSampler(Reversed(range(5)), 2, False)._index_arrays() is None
+    assert BatchSampler(list(range(5)), 2, False)._index_arrays() is None
     assert not draws_arrays(BatchSampler(SequentialSampler(range(5)), 2, False))
     assert draws_arrays(BatchSampler(RandomSampler(range(5)), 2, False))

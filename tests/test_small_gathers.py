@@ -92,7 +92,7 @@ def test_small_gathers_give_the_workers_bytes_states_and_statistics(
 @pytest.mark.parametrize("saved_small, resumed_small", [(True, False), (False, True)])
 def test_a_state_taken_with_small_gathers_resumes_on_either_path(
         method, saved_small, resumed_small, monkeypatch):
-    # Small gathers draw shuffled indices as arrays (BatchSampler.index_arrays),
+    # Small gathers draw shuffled indices as arrays (BatchSampler._index_arrays),
     # handed-over batches as lists: a state fits either.
     dataset = fl.ArrayDataset(np.arange(260).reshape(130, 2))
     settings = dict(batch_size=4, shuffle=True, generator=5)
@@ -171,7 +171,7 @@ def test_a_worker_init_fn_may_change_its_workers_rows(tasks_to_workers):
 def test_a_failing_gather_of_drawn_index_arrays_reaches_its_worker_as_a_list(
         method, tasks_to_workers):
     # For small gathers fastload's own samplers draw each batch's indices
-    # as an array (BatchSampler.index_arrays); a batch a worker loads after
+    # as an array (BatchSampler._index_arrays); a batch a worker loads after
     # all gets them as iter() yields them, a list.
     sampler = fl.RandomSampler(range(12), generator=0)  # 2 more than the dataset has
     loader = fl.DataLoader(fl.ArrayDataset(np.arange(10)), sampler=sampler, batch_size=12,
