@@ -41,7 +41,11 @@ received, never what workers prefetched. It is made of:
   each snapshot, restored once the sampler is positioned, then the batches
   delivered since that snapshot fetched again and dropped (their side
   effects on the dataset, a random draw per sample say, are then where the
-  saved run had them); loaded by worker processes,
+  saved run had them). The epoch's own start is taken again right after
+  its first draw, which may have moved the dataset's state (a sampler
+  without a generator draws its seed from a global RNG that the state may
+  be), as the resume replays it. After a restore the dataset is asked for
+  its state again, as torchdata asks it. Loaded by worker processes,
   each replica's, recorded in its worker with every batch it loads (so
   nothing is fetched again: the state after a replica's last delivered
   batch is where it stands at any step, whatever snapshot_every_n_steps)
@@ -55,7 +59,9 @@ received, never what workers prefetched. It is made of:
   positions delivered past it are kept as [start, stop) runs
   (``delivered_beyond``). A resumed loader, with any number of workers,
   draws those positions from the sampler and loads none of them, so every
-  batch of the epoch is delivered exactly once;
+  batch of the epoch is delivered exactly once. An iterable dataset's
+  worker still answers its tasks in order: its delivered batches are a
+  prefix of its stream, as with ``in_order=True``;
 * ``snapshot_every_n_steps=0`` takes no snapshot within an epoch: a state
   then counts the delivered batches from the epoch's start. An empty state
   (``{}``) loads as "start fresh", as in torchdata;
@@ -174,12 +180,6 @@ def capture(loader: Any) -> dict[str, Any]:
         progress.sampler = sampler_state(loader._index_sampler)
         if is_stateful(loader.dataset):
             progress.dataset = loader.dataset.state_dict()
-    elif (loader.num_workers > 0 and not loader.in_order
-          and loader._dataset_kind is DatasetKind.ITERABLE):
-        raise ValueError(
-            "state_dict() of an iterable dataset needs in_order=True with worker "
-            "processes: with in_order=False each worker's stream position is not "
-            "a prefix of what it loaded")
     return LoaderState(
         settings=describe_loader(loader),
         epoch=progress.epoch,
@@ -312,7 +312,8 @@ def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any, map_style
             sampler_iter = iter(())
         if state.dataset is not None:
             dataset.load_state_dict(state.dataset)
-            progress.dataset, progress.dataset_step = state.dataset, state.dataset_step
+            # What the dataset says now, as torchdata asks it again.
+            progress.dataset, progress.dataset_step = dataset.state_dict(), state.dataset_step
             first = progress.yielded - skip  # the position of skipped[0]
             for position, index in enumerate(skipped, first):
                 if fetch_again is not None and position >= state.dataset_step:
@@ -330,8 +331,9 @@ def resume_stream(fetcher: DatasetFetcher, progress: Progress, state: LoaderStat
     state read again and dropped."""
     progress.dataset_ended = state.dataset_ended
     if fetcher.stateful:
-        progress.dataset, progress.dataset_step = state.dataset, state.dataset_step
         fetcher.restore(state.dataset)
+        # What the dataset says now, as torchdata asks it again.
+        progress.dataset, progress.dataset_step = fetcher.state(), state.dataset_step
     if state.dataset_ended:
         fetcher.ended = True  # type: ignore[attr-defined]
     else:

@@ -318,6 +318,13 @@ class SingleProcessIter(BaseIter):
         elif not self._map_style:
             _checkpoint.resume_stream(self._fetcher, progress, resume,
                                       loader.batch_size if self._auto_collation else None)
+        # The epoch's first draw may move what a map-style dataset's state
+        # holds: a sampler without a generator draws its seed from a global
+        # RNG, which a dataset's state may be. Its batches start from the
+        # state after that draw, as a resume replays them (NOTE [ Resume
+        # contract ] in fastload._checkpoint).
+        self._state_after_first_draw = (self._map_style and self._fetcher.stateful
+                                        and progress.yielded == 0)
 
     def _end_epoch(self) -> None:
         super()._end_epoch()
@@ -339,6 +346,9 @@ class SingleProcessIter(BaseIter):
         if drawn is None:
             raise StopIteration
         index, position, sampler_snapshot = drawn
+        if self._state_after_first_draw:
+            self._state_after_first_draw = False
+            progress.dataset = self._fetcher.state()
         sample_context.base_seed = progress.base_seed
         sample_context.epoch = progress.epoch
         try:

@@ -661,9 +661,13 @@ def test_worker_threads_save_their_shared_dataset_where_an_epoch_starts(persiste
     assert [b.tolist() for b in resumed] == expected
 
 
-def test_torchs_random_sampler_resumes_beside_a_dataset_that_sets_torchs_rng():
+@pytest.mark.parametrize("every", [1, 100])
+def test_torchs_random_sampler_resumes_beside_a_dataset_that_sets_torchs_rng(every):
     """torch's RandomSampler draws its epoch's seed from torch's global RNG
-    at its first step; a dataset whose state is that RNG is restored after."""
+    at its first step; a dataset whose state is that RNG is restored after,
+    from a state taken after that draw when no snapshot came since the
+    epoch began (``every`` past the batches delivered; torchdata's
+    test_map_iterrupted_shuffle)."""
     torch = pytest.importorskip("torch", reason="torch's RandomSampler and RNG")
 
     class TorchDrawing(fl.Dataset):
@@ -681,7 +685,8 @@ def test_torchs_random_sampler_resumes_beside_a_dataset_that_sets_torchs_rng():
 
     def make():
         data = TorchDrawing()
-        return fl.DataLoader(data, batch_size=4, sampler=torch.utils.data.RandomSampler(data))
+        return fl.DataLoader(data, batch_size=4, sampler=torch.utils.data.RandomSampler(data),
+                             snapshot_every_n_steps=every)
 
     torch.manual_seed(0)
     full = [b.tolist() for b in make()]
@@ -765,3 +770,108 @@ def test_a_resume_calls_iter_on_an_iterable_dataset_once():
     Counted.calls = 0
     assert values(resumed) == list(range(2, 10))
     assert Counted.calls == 1
+
+
+class UnevenShards(fl.IterableDataset):
+    """Worker w yields its own numbers, each worker a different count, and
+    worker 1 slowly at first: batches arrive out of order. ``stateful``:
+    its cursor is its state; else a resume reads its stream again."""
+
+    def __init__(self, stateful):
+        self.stateful, self.i = stateful, 0
+        if not stateful:
+            self.state_dict = self.load_state_dict = None
+
+    def __iter__(self):
+        info = fl.get_worker_info()
+        self.worker, self.count, self.i = info.id, 7 + 5 * info.id, 0
+        return self
+
+    def __next__(self):
+        if self.i >= self.count:
+            raise StopIteration
+        if self.worker == 1 and self.i < 2:
+            time.sleep(0.2)
+        self.i += 1
+        return self.worker * 100 + self.i - 1
+
+    def state_dict(self):
+        return {"i": self.i}
+
+    def load_state_dict(self, state):
+        self.i = state["i"]
+
+
+@pytest.mark.parametrize("method", ["multiprocessing", "thread"])
+@pytest.mark.parametrize("stateful", [True, False])
+@pytest.mark.parametrize("stop", [1, 4, 8])
+def test_an_iterable_dataset_out_of_order_resumes_every_sample_exactly_once(method, stateful,
+                                                                              stop):
+    """torchdata's test_out_of_order_iterable_ds: with in_order=False a worker's
+    batches still arrive in the order it made them, so its delivered ones
+    are a prefix of its stream, which is what its state holds."""
+    def make():
+        return fl.DataLoader(UnevenShards(stateful), batch_size=2, num_workers=2,
+                             in_order=False, worker_method=method)
+
+    loader = make()
+    head = []
+    for step, batch in enumerate(loader):
+        head += batch.tolist()
+        if step == stop:
+            break
+    state = json.loads(json.dumps(loader.state_dict()))
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = values(resumed)
+    assert sorted(head + rest) == list(range(7)) + list(range(100, 112))
+
+
+class LiveCounter(fl.IterableDataset):
+    """Its state is how often it was iterated; loading a state leaves that."""
+
+    def __init__(self):
+        self.iterated = 0
+
+    def __iter__(self):
+        self.iterated += 1
+        return iter(range(6))
+
+    def state_dict(self):
+        return {"iterated": self.iterated}
+
+    def load_state_dict(self, state):
+        pass
+
+
+class LiveMapCounter(fl.Dataset):
+    def __init__(self):
+        self.loaded = 0
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return i
+
+    def state_dict(self):
+        return {"loaded": self.loaded}
+
+    def load_state_dict(self, state):
+        self.loaded += 1
+
+
+@pytest.mark.parametrize("make, expected", [(LiveCounter, {"iterated": 2}),
+                                            (LiveMapCounter, {"loaded": 1})])
+def test_a_state_right_after_a_resume_is_what_the_dataset_says_then(make, expected):
+    """As torchdata (its TestSingleIterCalled): once restored, the dataset is
+    asked for its state again, not its loaded state copied."""
+    dataset = make()
+    loader = fl.DataLoader(dataset, batch_size=2)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    resumed = fl.DataLoader(dataset, batch_size=2)
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    assert resumed.state_dict()["dataset"] == expected
