@@ -39,6 +39,15 @@ class DatasetFetcher:
         """The samples of one batch, not yet collated."""
         raise NotImplementedError
 
+    def ran_out(self, exc: BaseException) -> bool:
+        """Whether ``exc``, raised by a fetch, says that the dataset ran out
+        rather than that this batch failed. torch's rule: StopIteration
+        ends an iterable dataset's stream; from a map-style dataset's
+        ``__getitem__`` (or a collate_fn) it is that batch's exception,
+        ending the user's loop there as any loop's StopIteration does, with
+        the epoch going on after it."""
+        return False
+
     # What keeps a state the checkpoint records (NOTE [ Resume contract ]):
     # a map-style dataset with state_dict and load_state_dict; for an
     # iterable dataset, see IterableDatasetFetcher.
@@ -141,6 +150,9 @@ class IterableDatasetFetcher(DatasetFetcher):
         self._stateful_source = next(
             (source for source in (self.dataset_iter, dataset) if is_stateful(source)), None)
         self.stateful = self._stateful_source is not None
+
+    def ran_out(self, exc: BaseException) -> bool:
+        return isinstance(exc, StopIteration)
 
     def end_state(self) -> Any:
         """The dataset's own state once its stream ran out (it has seen

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from fastload._sample_rng import context as sample_context
 from fastload._stats import LoaderStats
 from fastload._torch import torch_or_none
 from fastload._warnings import warn_at_caller
+from fastload._worker_error import WorkerError
 from fastload.collate import arrays_to_tensors, tensors_to_arrays
 from fastload.errors import InvalidArgumentError
 from fastload.sampler import draws_arrays, index_batches
@@ -121,6 +122,9 @@ class BaseIter:
     # Whether a persistent-workers loader may start its next epoch on this
     # iterator (False once its workers are gone).
     reusable = True
+    # Whether the StopIteration being raised is a batch's own exception
+    # (DatasetFetcher.ran_out): it ends the user's loop, not the epoch.
+    _batch_stopped = False
 
     def __init__(self, loader: Any, resume: LoaderState | None,
                  base_seed: int | None = None, index_arrays: bool = False) -> None:
@@ -240,6 +244,11 @@ class BaseIter:
         if self._map_style and progress.workers is None and is_stateful(self._dataset):
             progress.dataset, progress.dataset_step = self._dataset.state_dict(), progress.yielded
 
+    def _raise_failed_batch(self, error: WorkerError, pid: int, thread: bool = False) -> NoReturn:
+        """A worker's exception for a batch, raised in its place."""
+        self._batch_stopped = issubclass(error.exc_type, StopIteration)
+        error.reraise(pid, thread)
+
     def _convert(self, data: Any) -> Any:
         """The batch in the types ``output`` asks for: leaves as the samples
         had them (None), numpy arrays or tensors, sharing memory either way."""
@@ -261,7 +270,10 @@ class BaseIter:
         try:
             data = self._next_data()
         except StopIteration:
-            self._end_epoch()
+            if self._batch_stopped:
+                self._batch_stopped = False
+            else:
+                self._end_epoch()
             raise
         self._returned_at = time.perf_counter()
         stats.wait_seconds += self._returned_at - asked_at
@@ -353,12 +365,13 @@ class SingleProcessIter(BaseIter):
         sample_context.epoch = progress.epoch
         try:
             data = self._fetcher.fetch(index)
-        except StopIteration:
-            raise
-        except Exception:
+        except Exception as exc:
+            if self._fetcher.ran_out(exc):
+                raise
             # The batch is delivered as its exception; the epoch goes on
             # after it, whichever iterator loads (NOTE [ Fast paths ]).
             progress.deliver(position, sampler_snapshot)
+            self._batch_stopped = isinstance(exc, StopIteration)
             raise
         if self._fetcher.stateful and self._snapshot_due():
             progress.dataset = self._fetcher.state()

@@ -104,7 +104,7 @@ class MultiProcessingIter(WorkerIter):
         # after it, as in the main process and in torch.
         self._progress.advance(task)
         if isinstance(batch, Failure):
-            batch.error.reraise(self._group.pids[batch.error.worker_id])
+            self._raise_failed_batch(batch.error, self._group.pids[batch.error.worker_id])
         if self._pin_custom and hasattr(batch, "pin_memory"):
             batch = batch.pin_memory()  # the slots themselves are pinned
         return batch if self._output is None else self._convert(batch)

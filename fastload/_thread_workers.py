@@ -321,7 +321,7 @@ class ThreadIter(WorkerIter):
                 progress.advance(task)
                 self._dispatch()
                 if isinstance(batch, WorkerError):
-                    batch.reraise(os.getpid(), thread=True)
+                    self._raise_failed_batch(batch, os.getpid(), thread=True)
                 if self._pin_torch is not None:
                     batch = pin_batch(self._pin_torch, batch)
                 return batch if self._output is None else self._convert(batch)

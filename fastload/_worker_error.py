@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pickle
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 
 class WorkerError:
@@ -27,7 +27,7 @@ class WorkerError:
             exc_type = RuntimeError
         return (_rebuild_worker_error, (exc_type, self.text, self.worker_id, self.where))
 
-    def reraise(self, pid: int, thread: bool = False) -> None:
+    def reraise(self, pid: int, thread: bool = False) -> NoReturn:
         # Raised from a call, so no frame of ours holds the exception in a
         # local: a cycle would keep the iterator (and its workers) alive.
         raise self.exception(pid, thread)

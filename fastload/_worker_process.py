@@ -255,11 +255,11 @@ class _Worker:
         started = time.perf_counter()
         try:
             write = self.writer.prepare(self.fetcher, index)
-        except StopIteration:
-            self.ended = True
-            self.reply(ENDED, task_id, self.fetcher.state())
-            return
         except Exception as exc:
+            if self.fetcher.ran_out(exc):
+                self.ended = True
+                self.reply(ENDED, task_id, self.fetcher.state())
+                return
             self.batches_done += 1
             # What the failed fetch did to the replica counts too.
             self.fail(task_id, exc, index, _checkpoint.replica_snapshot(

@@ -212,11 +212,11 @@ class WorkerThread:
             fast, general = self.writer.plan(fetcher, index)
             fetched = time.perf_counter()
             batch = batch_in_slot(fast, general, self.slots)
-        except StopIteration:
-            self.ended = True
-            self.results.put((ENDED, task_id, fetcher.state()))
-            return
         except Exception as exc:
+            if fetcher.ran_out(exc):
+                self.ended = True
+                self.results.put((ENDED, task_id, fetcher.state()))
+                return
             # The batch is delivered as its exception; the epoch goes on.
             self.batches_done += 1
             self.results.put((FAILED, task_id, WorkerError(

@@ -86,6 +86,50 @@ def test_a_failing_sample_fails_its_batch_only_with_threads_or_out_of_order(
         assert sorted(map(repr, got)) == sorted(map(repr, expected))
 
 
+class StopsAt(FailsAt):
+    """Sample 2's ``__getitem__`` raises StopIteration: that batch's exception."""
+
+    def __getitem__(self, i):
+        if i == 2:
+            raise StopIteration
+        return np.array([i])
+
+
+def stepwise(it, steps):
+    """What ``steps`` calls of next() give: each batch's values, or "stop"."""
+    result = []
+    for _ in range(steps):
+        try:
+            result.append(next(it)[:, 0].tolist())
+        except StopIteration:
+            result.append("stop")
+    return result
+
+
+@pytest.mark.parametrize("kwargs", [
+    {}, {"num_workers": 2}, {"num_workers": 2, "worker_method": "thread"},
+    {"num_workers": 2, "persistent_workers": True},
+    {"num_workers": 2, "worker_method": "thread", "persistent_workers": True}])
+def test_a_map_style_datasets_stopiteration_fails_its_batch_only(kwargs):
+    # torch's rule: StopIteration ends only an iterable dataset's stream.
+    # From __getitem__ it is that batch's exception: a for loop ends there,
+    # as torch's does, and next() goes on with the epoch, on every path.
+    # Workers used to take it for the end of their stream and drop the
+    # epoch's later batches of theirs, silently.
+    loader = fl.DataLoader(StopsAt(8, ()), batch_size=2, **kwargs)
+    it = iter(loader)
+    assert stepwise(it, 2) == [[0, 1], "stop"]
+    state = loader.state_dict()
+    assert state["yielded"] == 2 and not state["finished"]
+    assert stepwise(it, 4) == [[4, 5], [6, 7], "stop", "stop"]
+    resumed = fl.DataLoader(StopsAt(8, ()), batch_size=2, **kwargs)
+    resumed.load_state_dict(state)
+    assert [b[:, 0].tolist() for b in resumed] == [[4, 5], [6, 7]]
+    # Each new epoch has every batch of its own again.
+    assert [[b[:, 0].tolist() for b in loader] for _ in range(2)] == [[[0, 1]]] * 2
+    assert stepwise(iter(loader), 5) == [[0, 1], "stop", [4, 5], [6, 7], "stop"]
+
+
 def test_persistent_loader_starts_fresh_workers_after_a_death():
     loader = fl.DataLoader(Sleepy(n=16, delay=0.01), batch_size=2, num_workers=2,
                            persistent_workers=True)
