@@ -224,6 +224,11 @@ def _collate_tensors(batch: Sequence[Any], elem: Any) -> Any:
         raise RuntimeError(  # torch's words
             "Batches of nested tensors are not currently supported by the default "
             "collate_fn; please provide a custom collate_fn to handle them appropriately.")
+    if elem.layout in {torch.sparse_coo, torch.sparse_csr, torch.sparse_bsr, torch.sparse_csc,
+                       torch.sparse_bsc}:
+        raise RuntimeError(  # torch's words
+            "Batches of sparse tensors are not currently supported by the default "
+            "collate_fn; please provide a custom collate_fn to handle them appropriately.")
     try:
         return torch.stack(list(batch))
     except RuntimeError:
@@ -496,6 +501,9 @@ def _map_leaves(convert: Callable[[Any], Any], data: Any) -> Any:
         return tuple(_map_leaves(convert, value) for value in data)
     if isinstance(data, Mapping):
         return _rebuild_mapping(data, {key: _map_leaves(convert, data[key]) for key in data})
-    if isinstance(data, list):  # a subclass, as collation keeps it
+    if isinstance(data, Sequence) and not isinstance(data, (str, bytes, GatheredBatch)):
+        # A list subclass, a deque, any other sequence: rebuilt as collation
+        # and default_convert rebuild it (a GatheredBatch is a leaf, as a
+        # custom collate_fn returned it).
         return _rebuild_sequence(data, [_map_leaves(convert, value) for value in data])
     return convert(data)

@@ -1,5 +1,6 @@
 """fastload.torch: a torch.utils.data.DataLoader to frameworks, fastload's
 engine underneath, torch's types out."""
+import collections
 import inspect
 import json
 import subprocess
@@ -110,6 +111,62 @@ def test_a_list_subclass_sample_collates_to_tensors_in_its_type():
     assert [type(b) for b in ours] == [type(b) for b in theirs] == [TaggedPairs] * 2
     assert all(isinstance(leaf, torch.Tensor) for b in ours for leaf in b)
     assert all(torch.equal(a, b) for x, y in zip(ours, theirs) for a, b in zip(x, y))
+
+
+class Items(collections.abc.Sequence):
+    """A sequence that is no list: torch rebuilds it in its type."""
+
+    def __init__(self, items):
+        self.items = list(items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+    def __len__(self):
+        return len(self.items)
+
+
+class SequenceSamples(td.Dataset):
+    def __init__(self, make):
+        self.make = make
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return self.make([np.arange(2) + i, np.float32(i)])
+
+
+@pytest.mark.parametrize("make", [collections.deque, collections.UserList, Items])
+@pytest.mark.parametrize("batch_size", [2, None])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_tensors_inside_any_sequence_a_sample_is(make, batch_size, num_workers):
+    # Every leaf is a tensor, whatever sequence holds it, as in torch.
+    ours = list(flt.DataLoader(SequenceSamples(make), batch_size=batch_size,
+                               num_workers=num_workers))
+    theirs = list(td.DataLoader(SequenceSamples(make), batch_size=batch_size))
+    assert [type(b) for b in ours] == [type(b) for b in theirs]
+    for mine, torchs in zip(ours, theirs):
+        assert all(type(leaf) is torch.Tensor for leaf in mine)
+        assert all(torch.equal(a, b) for a, b in zip(mine, torchs))
+
+
+class SparseRows(td.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.eye(2).to_sparse()
+
+
+@pytest.mark.parametrize("loader, kwargs", [
+    (flt.DataLoader, {}), (flt.DataLoader, {"num_workers": 2}), (fl.DataLoader, {}),
+    (fl.DataLoader, {"num_workers": 2}), (fl.DataLoader, {"num_workers": 2, "worker_method": "thread"})])
+def test_sparse_tensor_samples_are_refused_as_torch_refuses_them(loader, kwargs):
+    with pytest.raises(RuntimeError, match="Batches of sparse tensors are not currently"):
+        next(iter(td.DataLoader(SparseRows(), batch_size=2)))
+    with pytest.raises(RuntimeError, match="Batches of sparse tensors are not currently"):
+        next(iter(loader(SparseRows(), batch_size=2, **kwargs)))
 
 
 class Stream(td.IterableDataset):
