@@ -19,13 +19,13 @@ from fastload import _checkpoint, _datapipes, _seed
 from fastload._fast_path import reads_index_arrays
 from fastload._fetch import DatasetKind, create_fetcher, is_stateful
 from fastload._loader_state import LoaderState
+from fastload._output import arrays_to_tensors, tensors_to_arrays
 from fastload._progress import NO_SNAPSHOT, Progress, sampler_snapshot_getter, sampler_state
 from fastload._sample_rng import context as sample_context
 from fastload._stats import LoaderStats
 from fastload._torch import torch_or_none
 from fastload._warnings import warn_at_caller
 from fastload._worker_error import WorkerError
-from fastload.collate import arrays_to_tensors, tensors_to_arrays
 from fastload.errors import InvalidArgumentError
 from fastload.sampler import draws_arrays, index_batches
 

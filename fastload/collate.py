@@ -21,7 +21,8 @@ from fastload._torch import is_tensor, torch_if_imported, torch_or_none
 from fastload.errors import CollateError
 from fastload_c import pack
 
-__all__ = ["default_collate", "default_collate_torch_rules", "default_convert"]
+__all__ = ["default_collate", "default_collate_torch_rules", "default_convert",
+           "default_convert_torch_rules"]
 
 _UNSUPPORTED = (
     "default_collate: batch must contain tensors, numpy arrays, numbers, "
@@ -30,7 +31,7 @@ _UNSUPPORTED = (
 # Arrays of strings and objects have no batched numeric form (torch refuses
 # them too); numeric kinds pass straight through a GatheredBatch.
 _REFUSED_KINDS = frozenset("SUO")
-_NUMERIC_KINDS = frozenset("biufc")
+NUMERIC_KINDS = frozenset("biufc")
 # Datetimes, timedeltas and structured arrays: torch's default_collate
 # refuses them (TypeError), numpy's rules stack them.
 _NOT_TORCH_KINDS = frozenset("mMV")
@@ -81,6 +82,17 @@ def default_collate_torch_rules(batch: Sequence[Any]) -> Any:
         _torch_rules.reset(token)
 
 
+def default_convert_torch_rules(data: Any) -> Any:
+    """default_convert, except that a numpy leaf torch's default_convert
+    cannot make a tensor of (a datetime, a uint64 scalar, bytes) raises
+    what torch's raises."""
+    token = _torch_rules.set(True)
+    try:
+        return default_convert(data)
+    finally:
+        _torch_rules.reset(token)
+
+
 def engine_collation(collate_fn: Callable[[Any], Any],
                      output: str | None) -> tuple[Callable[[Any], Any], str | None]:
     """The collate_fn and output a loader's iterators run: torch's own
@@ -97,7 +109,7 @@ def engine_collation(collate_fn: Callable[[Any], Any],
         if collate_fn is data.default_collate:
             return default_collate_torch_rules, output or "torch"
         if collate_fn is data.default_convert:
-            return default_convert, output or "torch"
+            return default_convert_torch_rules, output or "torch"
     return collate_fn, output
 
 
@@ -121,6 +133,18 @@ def _stack_as_torch(torch: Any, batch: Sequence[Any]) -> Any:
         for a in batch])
 
 
+def _as_torch_makes_it(data: Any) -> np.ndarray:
+    """torch.as_tensor's result for ``data``, as numpy, or its error."""
+    return _promoted_as_torch(data, lambda torch, d: torch.as_tensor(d))
+
+
+def _torch_refuses_scalar(elem: np.generic) -> bool:
+    """Whether torch.as_tensor refuses this kind of numpy scalar, which
+    numpy's rules take: datetimes, timedeltas, structured values, bytes,
+    and uint64 (torch takes uint64 arrays, not scalars)."""
+    return elem.dtype.kind in _NOT_TORCH_KINDS or elem.dtype.kind == "S" or elem.dtype == np.uint64
+
+
 def _torch_makes_it_otherwise(batch: Sequence[Any], elem: np.ndarray) -> bool:
     """Whether torch's default_collate makes this leaf of arrays otherwise
     than numpy's rules do: a dtype torch refuses, samples of other classes
@@ -141,7 +165,7 @@ def is_stacked_column(column: Any) -> bool:
     returns as it is: torch tensors and numeric arrays in native byte order
     (strings and objects are collated per sample, as torch does; another
     byte order too, which collating the samples makes native)."""
-    return is_tensor(column) or (column.dtype.kind in _NUMERIC_KINDS and column.dtype.isnative)
+    return is_tensor(column) or (column.dtype.kind in NUMERIC_KINDS and column.dtype.isnative)
 
 
 def _collate(batch: Sequence[Any]) -> Any:
@@ -236,8 +260,8 @@ def _collate_tensors(batch: Sequence[Any], elem: Any) -> Any:
 
 
 def _collate_numpy_scalars(batch: Sequence[Any], elem: Any) -> np.ndarray:
-    if _torch_rules.get() and len(set(map(type, batch))) > 1:
-        return _promoted_as_torch(batch, lambda torch, b: torch.as_tensor(b))
+    if _torch_rules.get() and (len(set(map(type, batch))) > 1 or _torch_refuses_scalar(elem)):
+        return _as_torch_makes_it(batch)
     return _canonical(_numbers(batch))
 
 
@@ -329,7 +353,7 @@ def _collate_dict(batch: Sequence[Any], elem: dict[Any, Any]) -> dict[Any, Any]:
     return {key: _collate([sample[key] for sample in batch]) for key in elem}
 
 
-def _rebuild_mapping(original: Mapping[Any, Any], values: dict[Any, Any]) -> Mapping[Any, Any]:
+def rebuild_mapping(original: Mapping[Any, Any], values: dict[Any, Any]) -> Mapping[Any, Any]:
     """``values`` in a mapping of ``original``'s type, else a dict."""
     try:
         if isinstance(original, MutableMapping):
@@ -342,7 +366,7 @@ def _rebuild_mapping(original: Mapping[Any, Any], values: dict[Any, Any]) -> Map
         return values
 
 
-def _rebuild_sequence(original: Sequence[Any], values: list[Any]) -> Sequence[Any]:
+def rebuild_sequence(original: Sequence[Any], values: list[Any]) -> Sequence[Any]:
     """``values`` in a sequence of ``original``'s type, else a list."""
     try:
         if isinstance(original, MutableSequence):
@@ -356,7 +380,7 @@ def _rebuild_sequence(original: Sequence[Any], values: list[Any]) -> Sequence[An
 
 
 def _collate_mapping(batch: Sequence[Any], elem: Mapping[Any, Any]) -> Mapping[Any, Any]:
-    return _rebuild_mapping(elem, _collate_dict(batch, elem))  # type: ignore[arg-type]
+    return rebuild_mapping(elem, _collate_dict(batch, elem))  # type: ignore[arg-type]
 
 
 def _collate_namedtuple(batch: Sequence[Any], elem: Any) -> Any:
@@ -371,7 +395,7 @@ def _transpose(batch: Sequence[Any], elem: Sequence[Any]) -> list[Any]:
 
 
 def _collate_sequence(batch: Sequence[Any], elem: Sequence[Any]) -> Any:
-    return _rebuild_sequence(elem, _transpose(batch, elem))
+    return rebuild_sequence(elem, _transpose(batch, elem))
 
 
 def _unsupported(batch: Sequence[Any], elem: Any) -> Any:
@@ -432,78 +456,25 @@ def default_convert(data: Any) -> Any:
     torch tensors unchanged, containers converted element
     by element with the structure rules of default_collate; anything else is
     returned unchanged."""
-    if isinstance(data, np.ndarray) or is_tensor(data):
+    if isinstance(data, np.ndarray):
+        if _torch_rules.get() and data.dtype.kind in _NOT_TORCH_KINDS:
+            return _as_torch_makes_it(data)
         return data
-    if isinstance(data, np.generic) and not isinstance(data, (np.str_, np.bytes_)):
-        return np.asarray(data)
+    if is_tensor(data):
+        return data
+    if isinstance(data, np.generic) and not isinstance(data, np.str_):
+        if _torch_rules.get() and _torch_refuses_scalar(data):
+            return _as_torch_makes_it(data)
+        if not isinstance(data, np.bytes_):
+            return np.asarray(data)
     if isinstance(data, GatheredBatch):
         return [default_convert(sample) for sample in data]
     if isinstance(data, Mapping):
-        return _rebuild_mapping(data, {key: default_convert(data[key]) for key in data})
+        return rebuild_mapping(data, {key: default_convert(data[key]) for key in data})
     if isinstance(data, tuple) and hasattr(data, "_fields"):
         return type(data)(*(default_convert(d) for d in data))
     if isinstance(data, tuple):
         return [default_convert(d) for d in data]
     if isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
-        return _rebuild_sequence(data, [default_convert(d) for d in data])
+        return rebuild_sequence(data, [default_convert(d) for d in data])
     return data
-
-
-def arrays_to_tensors(data: Any) -> Any:
-    """``data`` with every numeric numpy array or scalar replaced by a torch
-    tensor sharing its memory (``torch.from_numpy``); the structure is kept."""
-    torch = torch_or_none()
-    if torch is None:
-        raise ImportError("output='torch' needs PyTorch installed (pip install torch)")
-
-    def to_tensor(leaf: Any) -> Any:
-        if isinstance(leaf, (np.bool_, np.number)):
-            leaf = np.asarray(leaf)
-        elif not isinstance(leaf, np.ndarray) or leaf.dtype.kind not in _NUMERIC_KINDS:
-            return leaf
-        if not leaf.dtype.isnative or any(stride < 0 for stride in leaf.strides):
-            # Another byte order or a negative stride (a column of an
-            # ArrayDataset, a custom collate_fn's result), which torch cannot
-            # view: a native, contiguous copy.
-            leaf = np.array(leaf, dtype=leaf.dtype.newbyteorder("="), order="C")
-        if leaf.dtype.char == "Q":
-            # np.ulonglong, which torch refuses by name: the same bytes as
-            # np.uint64, the name a pickle gives back (see _canonical).
-            leaf = leaf.view(np.uint64)
-        return torch.from_numpy(leaf)
-
-    return _map_leaves(to_tensor, data)
-
-
-def tensors_to_arrays(data: Any) -> Any:
-    """``data`` with every torch tensor replaced by a numpy array, a view of
-    the tensor's memory wherever numpy can view it (``numpy(force=True)``
-    copies the others: on a device, needing grad); the structure is kept."""
-    torch = torch_if_imported()
-    if torch is None:
-        return data  # no tensor can exist
-
-    def to_array(leaf: Any) -> Any:
-        return leaf.numpy(force=True) if isinstance(leaf, torch.Tensor) else leaf
-
-    return _map_leaves(to_array, data)
-
-
-def _map_leaves(convert: Callable[[Any], Any], data: Any) -> Any:
-    """``data`` with ``convert`` applied to every leaf of its containers."""
-    if type(data) is dict:
-        return {key: _map_leaves(convert, value) for key, value in data.items()}
-    if type(data) is list:
-        return [_map_leaves(convert, value) for value in data]
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(_map_leaves(convert, value) for value in data))
-    if isinstance(data, tuple):
-        return tuple(_map_leaves(convert, value) for value in data)
-    if isinstance(data, Mapping):
-        return _rebuild_mapping(data, {key: _map_leaves(convert, data[key]) for key in data})
-    if isinstance(data, Sequence) and not isinstance(data, (str, bytes, GatheredBatch)):
-        # A list subclass, a deque, any other sequence: rebuilt as collation
-        # and default_convert rebuild it (a GatheredBatch is a leaf, as a
-        # custom collate_fn returned it).
-        return _rebuild_sequence(data, [_map_leaves(convert, value) for value in data])
-    return convert(data)

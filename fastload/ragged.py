@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fastload._torch import is_tensor
-from fastload.collate import _rebuild_mapping, _rebuild_sequence, default_collate
+from fastload.collate import default_collate, rebuild_mapping, rebuild_sequence
 from fastload.errors import CollateError, InvalidArgumentError
 from fastload_c import ragged
 
@@ -177,7 +177,7 @@ class _RaggedCollate:
         if isinstance(elem, Mapping):
             values = {key: self._child([sample[key] for sample in batch], elem, key,
                                        f"{path}[{key!r}]") for key in elem}
-            return values if type(elem) is dict else _rebuild_mapping(elem, values)
+            return values if type(elem) is dict else rebuild_mapping(elem, values)
         if isinstance(elem, Sequence) and not isinstance(elem, (str, bytes)):
             size = len(elem)
             if any(len(sample) != size for sample in batch):
@@ -188,7 +188,7 @@ class _RaggedCollate:
                 return type(elem)(*items)
             if isinstance(elem, (tuple, list)):
                 return items  # tuples collate to lists, as in default_collate
-            return _rebuild_sequence(elem, items)
+            return rebuild_sequence(elem, items)
         return default_collate(batch)
 
     def _child(self, column: list[Any], parent: Any, key: Hashable, path: str) -> Any:

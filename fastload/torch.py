@@ -47,6 +47,7 @@ from torch.utils.data import (
     random_split,
 )
 
+from fastload import _output
 from fastload import collate as _collate
 from fastload import loader as _loader
 from fastload._stats import LoaderStats
@@ -79,12 +80,12 @@ def default_collate(batch: Any) -> Any:
     """torch's default_collate, computed by fastload's: tensors for every
     numeric leaf (promoted by torch's rules where samples differ in dtype),
     strings kept, containers as torch makes them."""
-    return _collate.arrays_to_tensors(_collate.default_collate_torch_rules(batch))
+    return _output.arrays_to_tensors(_collate.default_collate_torch_rules(batch))
 
 
 def default_convert(data: Any) -> Any:
     """torch's default_convert: numpy arrays and scalars become tensors."""
-    return _collate.arrays_to_tensors(_collate.default_convert(data))
+    return _output.arrays_to_tensors(_collate.default_convert_torch_rules(data))
 
 
 def _as_torchs_own(collate_fn: Any) -> Any:

@@ -532,9 +532,10 @@ def collate_into(samples, target, Py_ssize_t offset=0, Py_ssize_t capacity=-1, *
     ``capacity`` -1 means to the end of target. A leaf whose samples differ
     in dtype (or in number type) gets numpy's promotion of them, and arrays
     of datetimes, timedeltas and structured dtypes are stacked as numpy
-    stacks them. With ``numpy_rules`` False both raise TypeError instead:
-    the caller's rules for them are others (torch's default_collate
-    promotes by torch's rules and refuses those dtypes).
+    stacks them. With ``numpy_rules`` False both raise TypeError instead,
+    and so do uint64 scalars: the caller's rules for them are others
+    (torch's default_collate promotes by torch's rules and refuses those
+    dtypes and scalars).
     ``fd``, when not -1, is a file whose bytes from its start are target's
     (a Segment's memfd): the arrays' rows are written to it with pwritev
     instead of through target, so this process maps none of their pages
@@ -600,7 +601,8 @@ def arrays_alike(samples):
 
 cdef int _refuse_what_numpy_rules_decide(_Plan plan, _Walk w) except -1:
     """collate_into with numpy_rules False: TypeError for a leaf whose
-    samples differ in dtype, or whose dtype is no number's."""
+    samples differ in dtype, whose dtype is no number's, or of uint64
+    scalars (torch makes tensors of uint64 arrays, not of such scalars)."""
     cdef _Node node
     if w.mixed is not None:
         raise TypeError("collate_into: the samples of a leaf differ in dtype, which "
@@ -609,6 +611,9 @@ cdef int _refuse_what_numpy_rules_decide(_Plan plan, _Walk w) except -1:
         if (node.kind == K_ARRAY or node.kind == K_NPSCALAR) and node.src.kind in "mMV":
             raise TypeError("collate_into: {} is not a number's dtype, which "
                             "numpy_rules=False leaves to the caller".format(node.src))
+        if node.kind == K_NPSCALAR and node.src.kind == "u" and node.src.itemsize == 8:
+            raise TypeError("collate_into: uint64 scalars are left to the caller "
+                            "with numpy_rules=False")
     return 0
 
 

@@ -338,6 +338,10 @@ MIXED_LEAVES = {
     # torch refuses these dtypes (TypeError) whatever the samples.
     "datetime64 arrays": lambda i: np.arange(2).astype("datetime64[s]") + i,
     "structured arrays": lambda i: np.zeros(2, dtype=[("a", "i1"), ("b", "f8")]),
+    # torch makes no tensor of these scalars (TypeError), but of uint32 ones.
+    "uint64 scalars": lambda i: np.uint64(i),
+    "timedelta64 scalars": lambda i: np.timedelta64(i, "s"),
+    "uint32 scalars": lambda i: np.uint32(i),
 }
 
 
@@ -386,6 +390,50 @@ def test_samples_that_differ_in_dtype_are_promoted_as_torch_promotes(make, loade
     except (RuntimeError, TypeError, ValueError) as error:
         with pytest.raises(type(error)):
             td.default_collate(samples)
+
+
+UNBATCHED_LEAVES = {
+    "uint64 scalar": np.uint64(3),
+    "timedelta64 scalar": np.timedelta64(3, "s"),
+    "datetime64 scalar": np.datetime64(3, "s"),
+    "bytes scalar": np.bytes_(b"x"),
+    "structured scalar": np.zeros(1, dtype=[("a", "i1"), ("b", "f8")])[0],
+    "datetime64 array": np.arange(2).astype("datetime64[s]"),
+    "structured array": np.zeros(2, dtype=[("a", "i1"), ("b", "f8")]),
+    "uint32 scalar": np.uint32(3),
+    "uint64 array": np.arange(2, dtype=np.uint64),
+    "str scalar": np.str_("x"),
+}
+
+
+class Leaves(td.Dataset):
+    def __init__(self, leaf):
+        self.leaf = leaf
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        return self.leaf
+
+
+def _converted_or_error(convert, leaf):
+    try:
+        converted = convert(leaf)
+    except Exception as error:  # noqa: BLE001 - torch's error is the expected outcome
+        return type(error).__name__
+    return type(converted).__name__, str(getattr(converted, "dtype", ""))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("leaf", UNBATCHED_LEAVES.values(), ids=UNBATCHED_LEAVES)
+def test_without_batching_a_leaf_torch_cannot_convert_raises_as_torchs(leaf, num_workers):
+    """torch's default_convert: a TypeError for a numpy leaf torch makes no
+    tensor of, on every path, not the numpy leaf handed back."""
+    expected = _converted_or_error(td.default_convert, leaf)
+    assert _converted_or_error(flt.default_convert, leaf) == expected
+    loader = flt.DataLoader(Leaves(leaf), batch_size=None, num_workers=num_workers)
+    assert _converted_or_error(lambda _: next(iter(loader)), None) == expected
 
 
 def recreate_with(loader, sampler):
