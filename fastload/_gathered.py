@@ -60,10 +60,18 @@ class GatheredTensors(GatheredBatch):
 
 
 def index_array(indices: Any) -> np.ndarray:
-    """``np.asarray(indices, dtype=np.intp)``; the usual batch index, a list
-    of ints, read in C (a sixth of numpy's cost for 256 ints)."""
+    """``indices`` as an intp array; the usual batch index, a list of ints,
+    read in C (a sixth of numpy's cost for 256 ints). IndexError for
+    indices that are no integers (floats, bools), which a cast would
+    silently turn into other rows, as numpy's indexing refuses them."""
     index = pack.int_rows(indices)
-    return np.asarray(indices, dtype=np.intp) if index is None else index
+    if index is not None:
+        return index
+    array = np.asarray(indices)
+    if array.size and array.dtype.kind not in "iuO":
+        raise IndexError(f"indices must be integers, not {array.dtype} "
+                         f"(got {array.reshape(-1)[:4].tolist()}...)")
+    return array.astype(np.intp)
 
 
 def gather(arrays: tuple[np.ndarray, ...], indices: Any) -> GatheredBatch:

@@ -273,7 +273,7 @@ class ConcatDataset(Dataset[T_co]):
 
     def __getitems__(self, indices: Sequence[int]) -> Sequence[Any]:
         size = len(self)
-        index = np.asarray(indices, dtype=np.int64).reshape(-1)
+        index = index_array(indices).reshape(-1)
         if index.size and index.min() < -size:
             raise ValueError("absolute value of index should not exceed dataset length")
         index = np.where(index < 0, index + size, index)

@@ -7,6 +7,7 @@ from fastload import (
     ArrayDataset,
     ChainDataset,
     ConcatDataset,
+    DataLoader,
     Dataset,
     GatheredBatch,
     InvalidArgumentError,
@@ -89,7 +90,7 @@ def test_array_dataset_getitems_gathers_columns(xy):
         ds.__getitems__([10])
 
 
-@pytest.mark.parametrize("indices", [[3, 0, -1], [np.int64(3), 2], [True, False], (1, 2), [],
+@pytest.mark.parametrize("indices", [[3, 0, -1], [np.int64(3), 2], (1, 2), [],
                                      [2**70], [-11], np.array([4, 4])])
 def test_array_dataset_getitems_reads_any_index_as_numpy_does(indices):
     # Plain int lists are read in C; every index means what numpy makes of it.
@@ -102,6 +103,28 @@ def test_array_dataset_getitems_reads_any_index_as_numpy_does(indices):
     else:
         got = ds.__getitems__(indices).columns[0]
         assert got.dtype == expected.dtype and got.tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("indices", [[1.7, 2.9], np.array([0.5]), [True, False], [1, 2.0]])
+@pytest.mark.parametrize("make", [lambda: ArrayDataset(np.arange(10) * 10),
+                                  lambda: ConcatDataset([ArrayDataset(np.arange(5)),
+                                                         ArrayDataset(np.arange(5))])])
+def test_indices_that_are_no_integers_are_refused_not_cast(make, indices):
+    # A cast would truncate 1.7 to row 1 and read True as row 1: other rows,
+    # silently. numpy's indexing and torch's TensorDataset refuse them.
+    with pytest.raises(IndexError, match="indices must be integers"):
+        make().__getitems__(indices)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"num_workers": 2},
+                                    {"num_workers": 2, "worker_method": "thread"}])
+def test_a_loader_of_float_indices_fails_those_batches(kwargs):
+    loader = DataLoader(ArrayDataset(np.arange(10)), batch_sampler=[[1.7, 2.9], [3, 4]],
+                        **kwargs)
+    it = iter(loader)
+    with pytest.raises(IndexError, match="indices must be integers"):
+        next(it)
+    assert next(it)[0].tolist() == [3, 4]
 
 
 def test_array_dataset_shares_torch_tensors():
