@@ -37,8 +37,16 @@ def torch_or_none() -> ModuleType | None:
 
 
 def torch_if_imported() -> ModuleType | None:
-    """torch if this process has already imported it, else None (no import)."""
-    return sys.modules.get("torch")
+    """torch if this process has already imported it, else None (no import).
+    A torch that another thread is still importing counts as not imported:
+    its modules are half made, and a worker thread importing one of them
+    meanwhile could deadlock with that import, which Python breaks by
+    handing one side a half-made module (an ImportError in the user's
+    ``import torch``)."""
+    torch = sys.modules.get("torch")
+    if getattr(getattr(torch, "__spec__", None), "_initializing", False):
+        return None
+    return torch
 
 
 # NOTE [ Generator states and threads ]
@@ -86,12 +94,12 @@ def set_generator_state(generator: Any, state: Any) -> None:
 
 
 def is_tensor(obj: Any) -> bool:
-    torch = sys.modules.get("torch")
+    torch = torch_if_imported()
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
 def is_torch_generator(obj: Any) -> bool:
-    torch = sys.modules.get("torch")
+    torch = torch_if_imported()
     return torch is not None and isinstance(obj, torch.Generator)
 
 

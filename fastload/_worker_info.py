@@ -8,12 +8,13 @@ only by its thread (``set_thread_worker_info``).
 from __future__ import annotations
 
 import random
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from fastload._torch import torch_if_imported
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,7 @@ class WorkerRNG:
 def worker_rng(base_seed: int, worker_id: int) -> WorkerRNG:
     """The generators of thread worker ``worker_id`` under ``base_seed``."""
     seed = (base_seed + worker_id) % 2**64
-    torch = sys.modules.get("torch")
+    torch = torch_if_imported()
     torch_generator = None if torch is None else torch.Generator().manual_seed(seed)
     return WorkerRNG(random.Random(seed),
                      np.random.default_rng(np.random.SeedSequence([base_seed, worker_id])),
@@ -75,7 +76,7 @@ def set_worker_info(info: WorkerInfo | None) -> None:
     fastload's workers as they do in torch's."""
     global _current
     _current = info
-    if "torch" in sys.modules:
+    if torch_if_imported() is not None:
         _set_torch_worker_info(info)
 
 
@@ -84,7 +85,7 @@ def set_thread_worker_info(info: WorkerInfo | None) -> None:
     ends): ``get_worker_info()`` answers ``info`` in this thread only, and
     so does torch's where torch is loaded (see _torch_thread_aware)."""
     _thread.info = info
-    if "torch" in sys.modules:
+    if torch_if_imported() is not None:
         _torch_thread_aware()
         _thread.torch_info = None if info is None else _torch_worker_info(info)
 

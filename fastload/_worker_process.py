@@ -10,7 +10,6 @@ import pickle
 import random
 import signal
 import socket
-import sys
 import threading
 import time
 from collections import deque
@@ -38,6 +37,7 @@ from fastload._protocol import (
     TASK_INDEX_IN_SLOT,
 )
 from fastload._sample_rng import context as sample_context
+from fastload._torch import torch_if_imported
 from fastload._worker_error import WorkerError
 from fastload._worker_info import WorkerInfo, set_worker_info
 from fastload.errors import RingClosedError, ShmError
@@ -80,7 +80,7 @@ def seed_worker(base_seed: int, worker_id: int) -> int:
     random.seed(seed)
     np.random.seed(np.random.SeedSequence(
         [worker_id, base_seed & 0xFFFFFFFF, base_seed >> 32, 0]).generate_state(4))
-    torch = sys.modules.get("torch")
+    torch = torch_if_imported()
     if torch is not None:
         torch.manual_seed(seed)
     return seed
@@ -351,7 +351,7 @@ def worker_main(config: dict[str, Any], task_ring: Any, result_ring: Any,
         proc.keep_freed_heap(HEAP_KEEP_BYTES, HEAP_BLOCK_BYTES)
         if config["parent_death_signal"]:
             proc.die_with_parent(config["parent_pid"])
-        torch = sys.modules.get("torch")
+        torch = torch_if_imported()
         if torch is not None:
             # As torch's own workers: a forked copy of torch's intra-op thread
             # pool can deadlock, and workers x threads oversubscribe the CPUs.

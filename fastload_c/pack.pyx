@@ -166,11 +166,12 @@ cdef bint _is_tensor(object o) except -1:
 cdef bint _is_any_tensor(object o) except -1:
     """Whether o is a torch tensor of any class (a gathered column: its
     rows are read through a numpy view); torch is never imported here, only
-    looked up once the program imported it."""
+    looked up once the program imported it (a torch still being imported,
+    by another thread, is not: no tensor exists yet)."""
     global _tensor_type
     if _tensor_type is None:
         torch = sys.modules.get("torch")
-        if torch is None:
+        if torch is None or getattr(getattr(torch, "__spec__", None), "_initializing", False):
             return False
         _tensor_type = torch.Tensor
     return isinstance(o, _tensor_type)

@@ -3,6 +3,7 @@
 equal num_workers=0 and worker processes on generated datasets is
 tests/test_worker_differential.py; here, what only threads have."""
 import gc
+import importlib.machinery
 import os
 import pickle
 import subprocess
@@ -10,11 +11,13 @@ import sys
 import textwrap
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
 
 import fastload as fl
+from fastload._torch import torch_if_imported
 from fastload._worker_thread import JOIN_SECONDS
 
 pytestmark = pytest.mark.usefixtures("earlier_garbage_collected")
@@ -637,3 +640,19 @@ def test_worker_threads_take_their_slots_as_they_write():
     assert np.array_equal(np.concatenate(got)[:, 0], np.arange(32, dtype=np.float32))
     del got
     assert pool.leased == 0
+
+
+@pytest.mark.parametrize("method", ["thread", "multiprocessing"])
+def test_a_torch_another_thread_is_still_importing_is_left_alone(monkeypatch, method):
+    # A half-imported torch (the main thread in `import torch` while worker
+    # threads start or end): a worker importing torch's modules then could
+    # deadlock with that import, which Python breaks by handing one side a
+    # half-made module. Workers treat it as torch not imported.
+    half = types.ModuleType("torch")
+    half.__spec__ = importlib.machinery.ModuleSpec("torch", None)
+    half.__spec__._initializing = True
+    monkeypatch.setitem(sys.modules, "torch", half)
+    assert torch_if_imported() is None
+    loader = fl.DataLoader(fl.ArrayDataset(np.arange(8)), batch_size=2, num_workers=2,
+                           worker_method=method)
+    assert [batch[0].tolist() for batch in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
