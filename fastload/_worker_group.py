@@ -244,7 +244,11 @@ class WorkerGroup:
             ours.close()
             theirs.close()
             self.shutdown()
-            raise TypeError(
+            # The pickler's own kind of error, which torch lets through (code
+            # written for torch catches it), saying what to do.
+            kind = next(k for k in (pickle.PicklingError, AttributeError, TypeError)
+                        if isinstance(exc, k))
+            raise kind(
                 f"cannot start DataLoader workers with the '{self.method}' start method: "
                 f"{exc}. With 'spawn' and 'forkserver' the dataset, collate_fn and "
                 "worker_init_fn are pickled, so they must be defined at module level "

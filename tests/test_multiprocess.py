@@ -1,6 +1,7 @@
 """num_workers > 0: torch's semantics over rings and slabs."""
 import collections
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -611,3 +612,31 @@ def test_rings_spin_only_when_every_process_has_a_cpu(monkeypatch, method, cpus,
     main_spins = [ring.spin for ring in (*it._group.task_rings, *it._group.result_rings)]
     assert main_spins == pytest.approx([spin] * 4)
     assert [list(worker_spins) for worker_spins in it] == [pytest.approx([spin, spin])] * 2
+
+
+class HoldsALambda(fl.Dataset):
+    def __init__(self):
+        self.transform = lambda x: x
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return self.transform(np.array([i]))
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_dataset_that_cannot_be_pickled_raises_the_picklers_error_saying_what_to_do(method):
+    # torch lets the pickler's error through; code written for it catches
+    # that type. fastload's says what to do besides, and the loader is left
+    # usable with another start method.
+    dataset = HoldsALambda()
+    try:
+        pickle.dumps(dataset)
+    except Exception as error:  # noqa: BLE001 - whatever the pickler raises is expected
+        expected = type(error)
+    with pytest.raises(expected, match="defined at module level"):
+        iter(fl.DataLoader(dataset, batch_size=2, num_workers=2,
+                           multiprocessing_context=method))
+    loader = fl.DataLoader(dataset, batch_size=2, num_workers=2, multiprocessing_context="fork")
+    assert [batch[:, 0].tolist() for batch in loader] == [[0, 1], [2, 3]]
