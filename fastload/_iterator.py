@@ -93,12 +93,15 @@ class EpochDraw:
         self._snapshot_every = snapshot_every
         # Whether the sampler ran out: it is not asked again.
         self.done = False
+        # What the sampler raised, held while the batches drawn before it
+        # are delivered, as without workers (raise_failure).
+        self.failure: Exception | None = None
 
     def next(self) -> tuple[Any, int, Any] | None:
         """The next batch of the epoch: (index, position, the sampler's state
         when it is a snapshot step, else NO_SNAPSHOT); None once the sampler
-        ran out."""
-        if self.done:
+        ran out or raised (``failure``)."""
+        if self.done or self.failure is not None:
             return None
         try:
             index = next(self._sampler_iter)
@@ -108,12 +111,27 @@ class EpochDraw:
         except StopIteration:
             self.done = True
             return None
+        except Exception as exc:
+            self.failure = exc
+            return None
         position = self._drawn
         self._drawn = position + 1
         if self._snapshots and (position + 1) % self._snapshot_every == 0:
             getter = self._sampler_state
             return index, position, None if getter is None else getter()
         return index, position, NO_SNAPSHOT
+
+    def raise_failure(self) -> None:
+        """Raise what the sampler raised, if it did: every batch drawn before
+        it was delivered. The epoch ends there, as a sampler's iterator
+        ends once it raised."""
+        failure, self.failure = self.failure, None
+        if failure is not None:
+            self.done = True
+            try:
+                raise failure
+            finally:
+                failure = None  # no cycle through this frame
 
 
 class BaseIter:
@@ -356,6 +374,7 @@ class SingleProcessIter(BaseIter):
         progress = self._progress
         drawn = self._draw.next()  # the draw worker iterators make, the same batches
         if drawn is None:
+            self._draw.raise_failure()
             raise StopIteration
         index, position, sampler_snapshot = drawn
         if self._state_after_first_draw:

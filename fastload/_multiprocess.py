@@ -96,6 +96,7 @@ class MultiProcessingIter(WorkerIter):
         except (WorkerSetupFailed, WorkerGroupDied) as error:
             self._raise_for(error)
         if found is None:
+            self._dispatcher.raise_draw_failure()
             if not self._persistent_workers:
                 self._stop()
             raise StopIteration

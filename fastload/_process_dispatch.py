@@ -233,6 +233,11 @@ class ProcessDispatcher(SlotPolicy):
                 self._settle(awaited.worker_id if awaited is not None else None)
             self._pump(deadline)
 
+    def raise_draw_failure(self) -> None:
+        """Raise what the sampler raised, if it did, once every batch
+        before it was delivered (EpochDraw.raise_failure)."""
+        self._draw.raise_failure()
+
     def held_by(self, worker_id: int) -> Task | None:
         """The first task of the epoch in flight on ``worker_id``, if any."""
         held = [task for _, task in sorted(self.table.in_flight.items())
@@ -266,6 +271,8 @@ class ProcessDispatcher(SlotPolicy):
             return
         drawn = self._draw.next()
         if drawn is None:
+            if self._draw.failure is not None:
+                return  # raised once the batches before it are delivered
             self.table.abandon(self._carried.drop())
             self._start_lookahead()
             self._dispatch_lookahead()

@@ -257,6 +257,8 @@ class ThreadIter(WorkerIter):
             return
         drawn = self._draw.next()
         if drawn is None:
+            if self._draw.failure is not None:
+                return  # raised once the batches before it are delivered
             self._table.abandon(self._carried.drop())
             self._start_lookahead()
             self._dispatch_lookahead()
@@ -326,6 +328,7 @@ class ThreadIter(WorkerIter):
                     batch = pin_batch(self._pin_torch, batch)
                 return batch if self._output is None else self._convert(batch)
             if not table.order:
+                self._draw.raise_failure()
                 if not self._persistent_workers:
                     self._stop()
                 raise StopIteration

@@ -130,6 +130,40 @@ def test_a_map_style_datasets_stopiteration_fails_its_batch_only(kwargs):
     assert stepwise(iter(loader), 5) == [[0, 1], "stop", [4, 5], [6, 7], "stop"]
 
 
+class RaisesOnce(fl.Sampler):
+    """0..9 in order; its first epoch raises KeyError at index ``at``."""
+
+    def __init__(self, at):
+        self.at, self.epochs = at, 0
+
+    def __iter__(self):
+        self.epochs += 1
+        for i in range(10):
+            if i == self.at and self.epochs == 1:
+                raise KeyError(f"no index {i}")
+            yield i
+
+
+@pytest.mark.parametrize("at", [0, 5, 9])
+@pytest.mark.parametrize("kwargs", [
+    {}, {"num_workers": 2}, {"num_workers": 2, "worker_method": "thread"},
+    {"num_workers": 2, "persistent_workers": True},
+    {"num_workers": 2, "worker_method": "thread", "persistent_workers": True}])
+def test_a_sampler_that_raises_comes_after_every_batch_drawn_before_it(at, kwargs):
+    # Workers draw ahead of what they deliver: the sampler's exception is
+    # held until the batches drawn before it are delivered, then the epoch
+    # ends there, as without workers (torch's workers lose a batch).
+    loader = fl.DataLoader(Sleepy(n=10), batch_size=1, sampler=RaisesOnce(at), **kwargs)
+    it = iter(loader)
+    delivered = [int(next(it)[0, 0]) for _ in range(at)]
+    assert delivered == list(range(at))
+    with pytest.raises(KeyError, match=f"no index {at}"):
+        next(it)
+    with pytest.raises(StopIteration):
+        next(it)
+    assert [int(batch[0, 0]) for batch in loader] == list(range(10))  # the next epoch
+
+
 def test_persistent_loader_starts_fresh_workers_after_a_death():
     loader = fl.DataLoader(Sleepy(n=16, delay=0.01), batch_size=2, num_workers=2,
                            persistent_workers=True)
