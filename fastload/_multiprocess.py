@@ -129,7 +129,7 @@ class MultiProcessingIter(WorkerIter):
             # A dead worker that reported why it ended (worker_init_fn
             # raised, say) gets that exception raised, not its death.
             self._raise_setup_failure(last_words)
-        self._raise_worker_died(error.worker_id, error.process)
+        self._raise_worker_died(error)
 
     def _raise_setup_failure(self, error: WorkerError) -> NoReturn:
         """A worker's failure outside a task (worker_init_fn, its task loop),
@@ -140,11 +140,14 @@ class MultiProcessingIter(WorkerIter):
         self._stop()
         raise error.exception(pid) from None
 
-    def _raise_worker_died(self, worker_id: int, process: Any) -> NoReturn:
+    def _raise_worker_died(self, died: WorkerGroupDied) -> NoReturn:
         """The epoch ends here, as in torch; a persistent loader starts a
-        fresh worker group at its next iter() (see ``reusable``)."""
-        task = self._dispatcher.held_by(worker_id)
-        what = ("while idle" if task is None
+        fresh worker group at its next iter() (see ``reusable``). A worker
+        that had not said STARTED held no batch, whatever was queued to it."""
+        worker_id, process = died.worker_id, died.process
+        task = self._dispatcher.held_by(worker_id) if died.started else None
+        what = ("before it was ready (setting up, or between epochs)" if not died.started
+                else "while idle" if task is None
                 else f"while loading batch {task.position} of the epoch "
                 f"(indices {describe_indices(task.index)})")
         pid, exitcode = process.pid, process.exitcode

@@ -150,6 +150,7 @@ class ProcessDispatcher(SlotPolicy):
                 self._pump(deadline)
             except WorkerGroupDied as died:
                 if died.worker_id not in self._starts:
+                    died.started = False
                     raise  # it died setting up: iter() raises
                 # It died in a task after it started: next() raises that,
                 # once the batches answered before it are delivered.

@@ -347,6 +347,9 @@ class WorkerGroupDied(Exception):
         super().__init__(worker_id, process)
         self.worker_id = worker_id
         self.process = process
+        # Whether it had said STARTED: before that it was loading nothing,
+        # whatever tasks were queued to it.
+        self.started = True
 
 
 def describe_exit(exitcode: int) -> str:

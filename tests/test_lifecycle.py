@@ -202,6 +202,30 @@ def test_worker_died_error_names_the_batch_position_and_indices():
     assert "batch 3 of the epoch" in str(error) and "[6, 7]" in str(error)
 
 
+def kill_worker_one(worker_id):
+    if worker_id == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("when", ["setting up", "idle between epochs"])
+def test_a_worker_that_dies_before_it_is_ready_is_blamed_for_no_batch(when):
+    # Tasks are queued to a worker before it says STARTED: it was loading
+    # none of them (torch says only that it exited).
+    init = kill_worker_one if when == "setting up" else None
+    loader = fl.DataLoader(Sleepy(n=8), batch_size=2, num_workers=2, worker_init_fn=init,
+                           persistent_workers=True)
+    if when == "idle between epochs":
+        it = iter(loader)
+        list(it)
+        os.kill(it.worker_pids[1], signal.SIGKILL)
+        del it
+    with pytest.raises(WorkerDiedError, match="before it was ready") as info:
+        list(loader)
+    assert info.value.worker_id == 1
+    assert info.value.batch is None and info.value.indices is None
+    assert "while loading batch" not in str(info.value)
+
+
 def exceptions():
     return [
         WorkerDiedError("worker 1 died", worker_id=1, pid=123, exitcode=-9, batch=4,
