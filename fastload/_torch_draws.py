@@ -63,11 +63,19 @@ class ResumableDraw:
         caller = None
         if resume is not None and resume[0] is not None:
             start = torch.as_tensor(resume[0], dtype=torch.uint8)
-            caller = generator_state(generator)
-            if torch.equal(caller, start):
-                # Already there (the loader's state put torch's global
-                # generator there): the draw moves it on, as it did.
-                caller = None
+            # torch's global generator, which other code draws from too, gets
+            # the caller's state back once the sampler's first step drew from
+            # it (all that draws from it: an unseeded RandomSampler seeds a
+            # generator of its own there). A generator given to the sampler
+            # is left where the replay leaves it: the sampler may draw from
+            # it all epoch long (indices with replacement, 32 at a time; the
+            # remainder's randperm at the end), as the saved run did.
+            if self._random_sampler.generator is None:
+                caller = generator_state(generator)
+                if torch.equal(caller, start):
+                    # Already there (the loader's state put torch's global
+                    # generator there): the draw moves it on, as it did.
+                    caller = None
             set_generator_state(generator, start)
         self._start, self._drawn, self._pending = generator_state(generator).tolist(), 0, False
         draws = iter(self.draws)

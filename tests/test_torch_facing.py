@@ -275,6 +275,38 @@ def test_torchs_random_samplers_resume_exactly(arguments, num_workers):
     assert ours == indices(make(td))
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("case", ["shuffle", "replacement"])
+def test_a_sampler_given_its_own_generator_resumes_this_epoch_and_the_next(case, num_workers):
+    """Such a sampler draws from its generator all epoch long: with
+    replacement 32 indices at a time; RandomSampler a last randperm for the
+    remainder at its end, which prefetching workers reach before the state
+    is taken. A resume replays those draws and leaves the generator there."""
+    def make():
+        generator = torch.Generator().manual_seed(7)
+        if case == "shuffle":
+            return flt.DataLoader(list(range(10)), batch_size=2, shuffle=True,
+                                  generator=generator, num_workers=num_workers)
+        sampler = td.RandomSampler(range(100), replacement=True, num_samples=80,
+                                   generator=generator)
+        return flt.DataLoader(list(range(100)), batch_size=4, sampler=sampler,
+                              generator=generator, num_workers=num_workers)
+
+    def epoch(loader):
+        return [int(x) for batch in loader for x in batch]
+
+    uninterrupted = make()
+    expected = [epoch(uninterrupted), epoch(uninterrupted)]
+    loader = make()
+    it = iter(loader)
+    head = [int(x) for _ in range(4 if case == "shuffle" else 10) for x in next(it)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [head + epoch(resumed), epoch(resumed)] == expected
+
+
 class RandomRows(td.Dataset):
     """Each sample drawn from torch's global generator, whose state is the
     dataset's state (torchdata's tests do this)."""
