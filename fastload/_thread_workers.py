@@ -22,7 +22,10 @@ lookahead's reads.
   state, exactly as each worker process does: a dataset that shards itself
   with ``get_worker_info()`` or in ``worker_init_fn`` (torch's documented
   idiom sets ``worker_info.dataset.start``) yields what it yields with
-  worker processes, and its ``state_dict()`` describes one worker.
+  worker processes, and its ``state_dict()`` describes one worker. What a
+  forked worker would share with the main process stays shared: torch
+  tensors in shared memory (Hugging Face's IterableDataset keeps its epoch
+  in one, which ``set_epoch`` updates in place for persistent workers).
 * **Slots.** Under default collation a worker thread takes the decision a
   worker process takes (``BatchWriter.plan``, NOTE [ Fast paths ]): the C
   writers of ``fastload_c.pack`` gather or collate into a slot of a slab

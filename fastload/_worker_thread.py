@@ -9,6 +9,7 @@ import random
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,7 @@ from fastload._fetch import DatasetKind, create_fetcher, describe_failure
 from fastload._loader_state import WorkerState
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, STARTED
 from fastload._sample_rng import context as sample_context
-from fastload._torch import generator_state
+from fastload._torch import generator_state, torch_if_imported
 from fastload._worker_error import WorkerError
 from fastload._worker_info import WorkerInfo, set_thread_worker_info, worker_rng
 from fastload.errors import InvalidArgumentError
@@ -100,14 +101,42 @@ class WorkerConfig:
 
 
 def _replica(dataset: Any) -> Any:
-    """A worker's own copy of an iterable dataset (NOTE [ Thread workers ])."""
+    """A worker's own copy of an iterable dataset, sharing its shared-memory
+    tensors (NOTE [ Thread workers ])."""
     try:
-        return copy.deepcopy(dataset)
+        return copy.deepcopy(dataset, _shared_tensors(dataset))
     except Exception as exc:
         raise InvalidArgumentError(
             "worker_method='thread' gives each worker thread its own copy of an "
             f"IterableDataset (copy.deepcopy), which failed: {exc!r}; give the dataset "
             "a __deepcopy__ that shares what cannot be copied") from exc
+
+
+def _shared_tensors(root: Any) -> dict[int, Any]:
+    """The torch tensors in shared memory that ``root`` holds through
+    attributes and containers, each mapped to itself: as a deepcopy memo,
+    what a copy then shares, as a forked worker shares them."""
+    torch = torch_if_imported()
+    if torch is None:
+        return {}
+    found: dict[int, Any] = {}
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (type, types.ModuleType, str, bytes)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            if obj.is_shared():
+                found[id(obj)] = obj
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            stack.extend(obj)
+        elif hasattr(obj, "__dict__"):
+            stack.extend(vars(obj).values())
+    return found
 
 
 class WorkerThread:

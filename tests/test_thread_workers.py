@@ -656,3 +656,32 @@ def test_a_torch_another_thread_is_still_importing_is_left_alone(monkeypatch, me
     loader = fl.DataLoader(fl.ArrayDataset(np.arange(8)), batch_size=2, num_workers=2,
                            worker_method=method)
     assert [batch[0].tolist() for batch in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+class SharedEpoch(fl.IterableDataset):
+    """Keeps its epoch in a shared-memory tensor that set_epoch updates in
+    place, as Hugging Face's IterableDataset does for persistent workers."""
+
+    def __init__(self, torch):
+        self.epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+
+    def set_epoch(self, epoch):
+        self.epoch.fill_(epoch)
+
+    def __iter__(self):
+        return iter([int(self.epoch) * 100 + fl.get_worker_info().id])
+
+
+@pytest.mark.parametrize("method", ["thread", "multiprocessing"])
+def test_persistent_workers_see_an_epoch_kept_in_shared_memory(method):
+    # A thread's replica shares what a forked worker shares: torch tensors in
+    # shared memory. Deep-copied, each thread kept epoch 0 for good.
+    torch = pytest.importorskip("torch", reason="shared-memory torch tensors")
+    dataset = SharedEpoch(torch)
+    loader = fl.DataLoader(dataset, batch_size=None, num_workers=2, worker_method=method,
+                           persistent_workers=True)
+    seen = []
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        seen.append(sorted(int(x) for x in loader))
+    assert seen == [[0, 1], [100, 101], [200, 201]]
