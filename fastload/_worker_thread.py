@@ -98,13 +98,17 @@ class WorkerConfig:
         self.snapshot_every: int = loader.snapshot_every_n_steps
         self.base_seed = base_seed
         self.stop = threading.Event()
+        # Found once for every thread's replica (_replica).
+        self.shared_tensors = ({} if self.kind is DatasetKind.MAP
+                               else _shared_tensors(self.dataset))
 
 
-def _replica(dataset: Any) -> Any:
+def _replica(config: WorkerConfig) -> Any:
     """A worker's own copy of an iterable dataset, sharing its shared-memory
     tensors (NOTE [ Thread workers ])."""
     try:
-        return copy.deepcopy(dataset, _shared_tensors(dataset))
+        # A memo of its own: deepcopy adds what it copies to it.
+        return copy.deepcopy(config.dataset, dict(config.shared_tensors))
     except Exception as exc:
         raise InvalidArgumentError(
             "worker_method='thread' gives each worker thread its own copy of an "
@@ -156,7 +160,7 @@ class WorkerThread:
         self.results = results
         self.tasks: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.map_style = config.kind is DatasetKind.MAP
-        self.dataset = config.dataset if self.map_style else _replica(config.dataset)
+        self.dataset = config.dataset if self.map_style else _replica(config)
         self.writer = BatchWriter(self.dataset, config.kind, config.auto_collation,
                                   config.collate_fn,
                                   unmapped_slot_bytes=_memory.UNMAPPED_SLOT_BYTES)
