@@ -129,12 +129,14 @@ class DataLoader(_torch_data.DataLoader[T_co]):
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
+        worker_method: str = "multiprocessing",
         snapshot_every_n_steps: int = 1,
         prefetch_next_epoch: bool = False,
     ) -> None:
-        """torch's arguments, torchdata StatefulDataLoader's
-        ``snapshot_every_n_steps``, and fastload's ``prefetch_next_epoch``
-        (see fastload.DataLoader)."""
+        """torch's arguments, ``worker_method`` (torch's thread workers,
+        experimental in torch and not in 2.13's signature: fastload's
+        here), torchdata StatefulDataLoader's ``snapshot_every_n_steps``,
+        and fastload's ``prefetch_next_epoch`` (see fastload.DataLoader)."""
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
             pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
@@ -159,10 +161,11 @@ class DataLoader(_torch_data.DataLoader[T_co]):
             generator=torch.default_generator if generator is None else generator,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order,
-            snapshot_every_n_steps=snapshot_every_n_steps,
+            worker_method=worker_method, snapshot_every_n_steps=snapshot_every_n_steps,
             prefetch_next_epoch=prefetch_next_epoch, **samplers)
         # Attributes as torch's arguments are, so that a framework that
         # rebuilds the loader from them (Lightning) keeps them.
+        self.worker_method = worker_method
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.prefetch_next_epoch = prefetch_next_epoch
 

@@ -51,12 +51,14 @@ def test_it_is_torchs_dataloader_with_torchs_attributes():
     assert len(loader) == len(reference) == 5
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_batches_are_torchs_batches(num_workers):
+@pytest.mark.parametrize("workers", [{}, dict(num_workers=2),
+                                     dict(num_workers=2, worker_method="thread")],
+                         ids=["0 workers", "processes", "threads"])
+def test_batches_are_torchs_batches(workers):
     torch.manual_seed(11)
     theirs = list(td.DataLoader(Rows(), batch_size=5, shuffle=True))
     torch.manual_seed(11)
-    ours = list(flt.DataLoader(Rows(), batch_size=5, shuffle=True, num_workers=num_workers))
+    ours = list(flt.DataLoader(Rows(), batch_size=5, shuffle=True, **workers))
     assert len(ours) == len(theirs) == 5
     for a, b in zip(ours, theirs):
         for key in ("x", "label"):
@@ -580,6 +582,19 @@ def test_snapshot_every_n_steps_is_taken_as_torchdata_takes_it_and_survives_recr
     resumed.load_state_dict(state)
     assert head + indices(resumed) == full
     assert recreate_with(loader, None).snapshot_every_n_steps == 3
+
+
+def test_thread_workers_are_chosen_as_in_fastloads_loader_and_survive_recreation():
+    loader = flt.DataLoader(Rows(), batch_size=4, num_workers=2, worker_method="thread")
+    assert loader.worker_method == "thread"
+    recreated = recreate_with(loader, td.SequentialSampler(Rows()))
+    assert recreated.worker_method == "thread"
+    it = iter(recreated)
+    first = indices([next(it)])
+    assert len(it.worker_threads) == 2  # threads of this process, not processes
+    assert first + indices(it) == list(range(len(Rows())))
+    with pytest.raises(ValueError, match="worker_method"):
+        flt.DataLoader(Rows(), num_workers=2, worker_method="threads")
 
 
 def test_a_resumed_shuffled_loader_with_persistent_workers_goes_on_for_epochs():
