@@ -435,8 +435,12 @@ def _length_or_none(sampler: Any) -> float:
 def _continues_an_epoch(sampler: Any) -> bool:
     """Whether a sampler restored from a state continues that state's epoch
     at its next iteration rather than starting a new one: fastload's
-    samplers (under a BatchSampler too) keep that pending in ``_resume``;
-    others are not known to."""
+    samplers and the wrapper of torch's random ones (under a BatchSampler
+    too) keep that pending in ``_resume``. Any other sampler with a state
+    is taken at torchdata's word: restored, its next iteration continues
+    the saved epoch (and, run out, moves on whatever it counts epochs by)."""
     while not hasattr(sampler, "_resume") and hasattr(sampler, "sampler"):
         sampler = sampler.sampler
-    return getattr(sampler, "_resume", None) is not None
+    if not hasattr(sampler, "_resume"):
+        return True
+    return sampler._resume is not None

@@ -1,7 +1,8 @@
-"""torch's random samplers made resumable: ``resumable(draws)`` is what a
+"""torch's samplers made resumable: ``resumable(draws)`` is what a
 DataLoader draws its indices from when they are torch's ``RandomSampler``,
 ``SubsetRandomSampler`` or ``WeightedRandomSampler`` (exactly those types),
-alone or under a ``BatchSampler`` (torch's or fastload's).
+alone or under a ``BatchSampler`` (torch's or fastload's), and when they
+are torch's ``BatchSampler`` over a sampler with a state.
 
 Those samplers keep no state: each epoch's order is drawn from a generator
 (the sampler's own, else torch's global one) when their iterator starts.
@@ -120,10 +121,19 @@ def is_torch_random_sampler(sampler: Any) -> bool:
 def resumable(draws: Any) -> Any:
     """``draws`` (a sampler or batch sampler), through ResumableDraw where it
     is one of torch's random samplers or a BatchSampler, torch's or
-    fastload's, over one."""
+    fastload's, over one. torch's BatchSampler (exactly) over a sampler
+    with a state becomes fastload's over the same sampler: the same
+    batches, and a state that holds the sampler's (torch's has none, and
+    the sampler's own would be lost; torchdata swaps it likewise)."""
     batching = type(draws) in torch_data_classes(BatchSampler, "BatchSampler")
     inner = draws.sampler if batching else draws
-    return ResumableDraw(draws, inner) if is_torch_random_sampler(inner) else draws
+    if is_torch_random_sampler(inner):
+        return ResumableDraw(draws, inner)
+    if (batching and type(draws) is not BatchSampler
+            and callable(getattr(inner, "state_dict", None))
+            and callable(getattr(inner, "load_state_dict", None))):
+        return BatchSampler(inner, draws.batch_size, draws.drop_last)
+    return draws
 
 
 def unresumable_sampler(index_sampler: Any) -> str | None:

@@ -421,3 +421,67 @@ def test_a_state_taken_at_iter_after_an_epoch_left_early_starts_the_new_epoch(wo
     resumed = make()
     resumed.load_state_dict(state)
     assert [b.tolist() for b in resumed] + [b.tolist() for b in resumed] == expected
+
+
+class EpochCounting:
+    """A sampler whose state is its epoch and its place in it; running out
+    moves it to the next epoch, which is shuffled another way."""
+
+    def __init__(self, n):
+        self.n, self.epoch, self.done = n, 0, 0
+
+    def __iter__(self):
+        order = np.random.default_rng(self.epoch).permutation(self.n).tolist()
+        while self.done < self.n:
+            self.done += 1
+            yield order[self.done - 1]
+        self.epoch, self.done = self.epoch + 1, 0
+
+    def __len__(self):
+        return self.n
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "done": self.done}
+
+    def load_state_dict(self, state):
+        self.epoch, self.done = state["epoch"], state["done"]
+
+
+def torch_batch_sampler(sampler, batch_size):
+    torch = pytest.importorskip("torch", reason="torch's BatchSampler")
+    return torch.utils.data.BatchSampler(sampler, batch_size, drop_last=False)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("batching", [
+    lambda sampler: dict(sampler=sampler, batch_size=3),
+    lambda sampler: dict(batch_sampler=fl.BatchSampler(sampler, 3, drop_last=False)),
+    lambda sampler: dict(batch_sampler=torch_batch_sampler(sampler, 3)),
+], ids=["sampler", "fastload's batch sampler", "torch's batch sampler"])
+@pytest.mark.parametrize("done, stop", [(0, 2), (0, 4), (1, 2)],
+                         ids=["mid-epoch", "after the last batch", "in a later epoch"])
+def test_a_sampler_with_a_state_resumed_at_any_batch_goes_on_to_its_next_epochs(
+        batching, workers, done, stop):
+    """torchdata's contract: a sampler restored from its state continues the
+    saved epoch at its next iteration, so the resumed epoch runs it out (the
+    state taken right after the last batch included, before StopIteration)
+    and it counts that epoch as done. Under torch's BatchSampler too, which
+    keeps no state of its own."""
+    def make():
+        return fl.DataLoader(np.arange(12), num_workers=workers,
+                             **batching(EpochCounting(12)))
+
+    def lists(loader, count):
+        return [[b.tolist() for b in loader] for _ in range(count)]
+
+    expected = lists(make(), 3)
+    loader = make()
+    before = lists(loader, done)
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(stop)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = lists(resumed, 3 - done)
+    assert before + [head + rest[0]] + rest[1:] == expected
