@@ -31,9 +31,10 @@ class ResumableDraw:
     samplers lack: the generator's state when the epoch's first draw was
     made and the number of draws since; between ``iter()`` and that first
     draw, the generator's state now, which the draw will start from; before
-    any iteration and once one ran out, no generator state (the loader's own
-    state puts its generator, torch's global one for ``fastload.torch``,
-    where the next epoch draws from). A resumed epoch sets the recorded
+    any iteration and once one ran out, that too for a generator of the
+    sampler's own, and no generator state for torch's global one (the
+    loader's own state puts its generator, torch's global one for
+    ``fastload.torch``, where the next epoch draws from). A resumed epoch sets the recorded
     state for its first draw, puts the caller's state back (unless it was
     that state already), and skips what was drawn: the same order,
     wherever it stopped."""
@@ -105,7 +106,11 @@ class ResumableDraw:
     def state_dict(self) -> dict[str, Any]:
         if self._start is not None:
             return {"generator": self._start, "drawn": self._drawn}
-        pending = generator_state(self._generator()).tolist() if self._pending else None
+        # Where the next draw starts from: after iter(), and for a generator
+        # of the sampler's own at any time (between epochs nothing else puts
+        # it back); torch's global one between epochs is the caller's.
+        own = self._random_sampler.generator is not None
+        pending = generator_state(self._generator()).tolist() if self._pending or own else None
         return {"generator": pending, "drawn": 0}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -309,6 +309,33 @@ def test_a_sampler_given_its_own_generator_resumes_this_epoch_and_the_next(case,
     assert [head + epoch(resumed), epoch(resumed)] == expected
 
 
+@pytest.mark.parametrize("loader", [flt.DataLoader, fl.DataLoader], ids=["torch's", "fastload's"])
+@pytest.mark.parametrize("batching", ["sampler", "batch_sampler"])
+@pytest.mark.parametrize("epochs_before", [0, 1])
+def test_a_samplers_own_generator_is_saved_between_epochs(loader, batching, epochs_before):
+    """A state taken before an epoch (before any, or after one ran out) holds
+    where the sampler's own generator (not the loader's) stands, which no
+    loader state restores otherwise: the resumed epochs are the
+    uninterrupted run's, not its first again."""
+    def make():
+        sampler = td.RandomSampler(range(8), generator=torch.Generator().manual_seed(5))
+        if batching == "sampler":
+            return loader(list(range(8)), sampler=sampler, batch_size=3)
+        return loader(list(range(8)), batch_sampler=td.BatchSampler(sampler, 3, False))
+
+    def epoch(made):
+        return [int(x) for batch in made for x in batch]
+
+    uninterrupted = make()
+    expected = [epoch(uninterrupted) for _ in range(3)]
+    saved = make()
+    before = [epoch(saved) for _ in range(epochs_before)]
+    state = json.loads(json.dumps(saved.state_dict()))
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert before + [epoch(resumed) for _ in range(3 - epochs_before)] == expected
+
+
 class RandomRows(td.Dataset):
     """Each sample drawn from torch's global generator, whose state is the
     dataset's state (torchdata's tests do this)."""
