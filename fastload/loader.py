@@ -357,6 +357,20 @@ class DataLoader(Generic[T_co]):
                 # Persistent workers hold the old position; start afresh.
                 self._iterator._shutdown()
                 self._iterator = None
+        try:
+            iterator = self._next_iterator(resume, kept_base_seed, start_states)
+        except BaseException:
+            # The resume did not happen (a dataset that cannot load its
+            # state, say): every iter() tries it again, as torchdata's does,
+            # rather than start the epoch afresh.
+            if pending is not None:
+                self._resume_state = pending
+            raise
+        self._epoch += 1
+        return iterator
+
+    def _next_iterator(self, resume: LoaderState | None, kept_base_seed: int | None,
+                       start_states: list[Any] | None) -> BaseIter:
         iterator: BaseIter
         # Persistent workers live in the first iterator, which every later
         # epoch resets instead of starting new processes.
@@ -374,7 +388,6 @@ class DataLoader(Generic[T_co]):
                 iterator = self._iterator
         else:
             iterator = self._get_iterator(resume)
-        self._epoch += 1
         return iterator
 
     def state_dict(self) -> dict[str, Any]:

@@ -173,3 +173,51 @@ def test_a_state_with_a_torch_generator_is_json_and_resumes():
     resumed.load_state_dict(state)
     rest = [b[0].tolist() for b in resumed]
     assert head + rest == full[:len(head) + len(rest)]
+
+
+class Refusing(fl.Dataset):
+    """Rows whose state cannot be loaded while ``refuse`` is set (a state
+    from another version of the dataset, say)."""
+
+    refuse = False
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return np.full(1, i)
+
+    def state_dict(self):
+        return {"version": 1}
+
+    def load_state_dict(self, state):
+        if Refusing.refuse:
+            raise ValueError("a state of another version")
+
+
+@pytest.mark.parametrize("workers", [
+    {}, dict(num_workers=2), dict(num_workers=2, persistent_workers=True),
+    dict(num_workers=2, worker_method="thread")],
+    ids=["0 workers", "processes", "persistent processes", "threads"])
+def test_a_resume_that_failed_is_tried_again_at_every_iter_not_dropped(workers):
+    """As torchdata's: a retry after the dataset refused its state does not
+    start the epoch afresh; once the dataset takes it, the epoch resumes."""
+    def make():
+        return fl.DataLoader(Refusing(), batch_size=2, **workers)
+
+    loader = make()
+    it = iter(loader)
+    head = [next(it)[:, 0].tolist() for _ in range(2)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    Refusing.refuse = True
+    try:
+        for _ in range(2):
+            with pytest.raises(ValueError, match="another version"):
+                iter(resumed)
+    finally:
+        Refusing.refuse = False
+    rest = [batch[:, 0].tolist() for batch in resumed]
+    assert head + rest == [[i, i + 1] for i in range(0, 12, 2)]
