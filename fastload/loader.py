@@ -306,6 +306,14 @@ class DataLoader(Generic[T_co]):
             )
         super().__setattr__(name, value)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # As torch's loader pickles at any time: the link to the latest
+        # iterator is this process's only (its statistics stay). Persistent
+        # workers' iterator refuses, as torch's does.
+        state = self.__dict__.copy()
+        state["_latest_iterator"] = None
+        return state
+
     @property
     def _auto_collation(self) -> bool:
         return self.batch_sampler is not None

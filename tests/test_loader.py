@@ -284,6 +284,22 @@ def test_stateful_dataloader_is_the_same_class():
     assert StatefulDataLoader is DataLoader
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_pickles_after_and_during_iteration_as_torchs(workers):
+    loader = DataLoader(np.arange(8), batch_size=2, num_workers=workers)
+    list(loader)
+    it = iter(loader)
+    next(it)
+    copied = pickle.loads(pickle.dumps(loader))
+    assert copied.state_dict()["yielded"] == 1  # where the pickled one stood
+    assert copied.stats().batches == 1  # the latest iterator's, as it was
+    assert [b.tolist() for b in copied] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    persistent = DataLoader(np.arange(8), batch_size=2, num_workers=2, persistent_workers=True)
+    list(persistent)
+    with pytest.raises(NotImplementedError):  # its workers' iterator, as torch's
+        pickle.dumps(persistent)
+
+
 def test_iterator_cannot_be_pickled(xy):
     with pytest.raises(NotImplementedError):
         pickle.dumps(iter(DataLoader(ArrayDataset(*xy))))
