@@ -32,16 +32,18 @@ class ResumableDraw:
     made and the number of draws since; between ``iter()`` and that first
     draw, the generator's state now, which the draw will start from; before
     any iteration and once one ran out, that too for a generator of the
-    sampler's own, and no generator state for torch's global one (the
-    loader's own state puts its generator, torch's global one for
-    ``fastload.torch``, where the next epoch draws from). A resumed epoch sets the recorded
+    sampler's own (``saves_generator``), and no generator state for the
+    loader's or torch's global one (the loader's own state puts its
+    generator, torch's global one for ``fastload.torch``, where the next
+    epoch draws from, after the base seed it draws first). A resumed epoch sets the recorded
     state for its first draw, puts the caller's state back (unless it was
     that state already), and skips what was drawn: the same order,
     wherever it stopped."""
 
-    def __init__(self, draws: Any, random_sampler: Any) -> None:
+    def __init__(self, draws: Any, random_sampler: Any, saves_generator: bool) -> None:
         self.draws = draws  # the sampler or batch sampler to draw from
         self._random_sampler = random_sampler
+        self._saves_generator = saves_generator
         self._start: Any = None  # the generator's state this epoch began from
         self._pending = False  # iter() was called, its first draw not made yet
         self._drawn = 0
@@ -108,9 +110,10 @@ class ResumableDraw:
             return {"generator": self._start, "drawn": self._drawn}
         # Where the next draw starts from: after iter(), and for a generator
         # of the sampler's own at any time (between epochs nothing else puts
-        # it back); torch's global one between epochs is the caller's.
-        own = self._random_sampler.generator is not None
-        pending = generator_state(self._generator()).tolist() if self._pending or own else None
+        # it back); the loader's or torch's global one between epochs is the
+        # loader state's or the caller's.
+        pending = (generator_state(self._generator()).tolist()
+                   if self._pending or self._saves_generator else None)
         return {"generator": pending, "drawn": 0}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -123,17 +126,19 @@ def is_torch_random_sampler(sampler: Any) -> bool:
     return type(sampler) in torch_data_classes(None, *TORCH_RANDOM_SAMPLERS)
 
 
-def resumable(draws: Any) -> Any:
+def resumable(draws: Any, loader_generator: Any) -> Any:
     """``draws`` (a sampler or batch sampler), through ResumableDraw where it
     is one of torch's random samplers or a BatchSampler, torch's or
-    fastload's, over one. torch's BatchSampler (exactly) over a sampler
+    fastload's, over one (whose generator, unless it is
+    ``loader_generator``, its state saves). torch's BatchSampler (exactly) over a sampler
     with a state becomes fastload's over the same sampler: the same
     batches, and a state that holds the sampler's (torch's has none, and
     the sampler's own would be lost; torchdata swaps it likewise)."""
     batching = type(draws) in torch_data_classes(BatchSampler, "BatchSampler")
     inner = draws.sampler if batching else draws
     if is_torch_random_sampler(inner):
-        return ResumableDraw(draws, inner)
+        own = inner.generator is not None and inner.generator is not loader_generator
+        return ResumableDraw(draws, inner, saves_generator=own)
     if (batching and type(draws) is not BatchSampler
             and callable(getattr(inner, "state_dict", None))
             and callable(getattr(inner, "load_state_dict", None))):

@@ -249,7 +249,8 @@ class DataLoader(Generic[T_co]):
         self.batch_sampler = batch_sampler
         # What the iterators draw indices from (torch's random samplers made
         # resumable: fastload._torch_draws).
-        self._draws = resumable(batch_sampler if batch_sampler is not None else sampler)
+        self._draws = resumable(batch_sampler if batch_sampler is not None else sampler,
+                                self._rng)
         self._unresumable = unresumable_sampler(self._draws)
         if collate_fn is None:
             collate_fn = default_collate if self._auto_collation else default_convert

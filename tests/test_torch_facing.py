@@ -312,16 +312,21 @@ def test_a_sampler_given_its_own_generator_resumes_this_epoch_and_the_next(case,
 @pytest.mark.parametrize("loader", [flt.DataLoader, fl.DataLoader], ids=["torch's", "fastload's"])
 @pytest.mark.parametrize("batching", ["sampler", "batch_sampler"])
 @pytest.mark.parametrize("epochs_before", [0, 1])
-def test_a_samplers_own_generator_is_saved_between_epochs(loader, batching, epochs_before):
+@pytest.mark.parametrize("shared", [False, True], ids=["its own", "the loader's"])
+def test_a_samplers_generator_is_saved_between_epochs(loader, batching, epochs_before, shared):
     """A state taken before an epoch (before any, or after one ran out) holds
-    where the sampler's own generator (not the loader's) stands, which no
-    loader state restores otherwise: the resumed epochs are the
-    uninterrupted run's, not its first again."""
+    where the sampler's own generator stands, which no loader state restores
+    otherwise: the resumed epochs are the uninterrupted run's, not its first
+    again. The loader's generator, which its state restores and which draws
+    the base seed before the sampler draws, is left to the loader."""
     def make():
-        sampler = td.RandomSampler(range(8), generator=torch.Generator().manual_seed(5))
+        generator = torch.Generator().manual_seed(5)
+        sampler = td.RandomSampler(range(8), generator=generator)
+        shared_generator = {"generator": generator} if shared else {}
         if batching == "sampler":
-            return loader(list(range(8)), sampler=sampler, batch_size=3)
-        return loader(list(range(8)), batch_sampler=td.BatchSampler(sampler, 3, False))
+            return loader(list(range(8)), sampler=sampler, batch_size=3, **shared_generator)
+        return loader(list(range(8)), batch_sampler=td.BatchSampler(sampler, 3, False),
+                      **shared_generator)
 
     def epoch(made):
         return [int(x) for batch in made for x in batch]
