@@ -285,8 +285,11 @@ class _Worker:
                         "started); use a smaller batch_size"), index, snapshot)
                     return
             segment_id, offset, capacity = slot
+            # Outside the try: a slot this worker cannot find is its own
+            # failure (its task loop's), not the batch's.
+            segment = self.segments[segment_id]
             try:
-                layout = write(self.segments[segment_id], offset, capacity)
+                layout = write(segment, offset, capacity)
             except SlotTooSmallError as small:
                 needed = small.needed
                 continue
