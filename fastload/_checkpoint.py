@@ -16,7 +16,11 @@ received, never what workers prefetched. It is made of:
   BatchSampler over them, DistributedSampler) resume in O(1): same
   permutation, same position, no index replayed and no sample fetched.
   Samplers without state are fast-forwarded by counting whole batches from
-  the start of the epoch, as torchdata does. For fastload's random samplers
+  the start of the epoch, as torchdata does. Any other sampler with a state
+  is taken at torchdata's word: restored, its next iteration continues the
+  saved epoch, which a resume past the epoch's last batch runs out
+  (``_continues_an_epoch``); torch's BatchSampler over one is fastload's
+  BatchSampler (fastload._torch_draws.resumable). For fastload's random samplers
   a snapshot records a ``LazyState`` (fastload._epoch_pieces), the state's values
   without its dicts, made into the state_dict() only when a state is taken;
 * for iterable datasets, the stream's state after each delivered batch, per
