@@ -518,3 +518,35 @@ def test_a_death_found_while_answers_are_handled_is_looked_for_again():
             group.raise_if_dead()
     with pytest.raises(fl.WorkerDiedError):
         iter(loader)
+
+
+class LosesItsSlots(fl.Dataset):
+    """At row 5 its worker forgets every segment it was sent, as one whose
+    descriptors something closed."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        if i == 5:
+            for obj in gc.get_objects():
+                if type(obj).__name__ == "_Worker" and isinstance(getattr(obj, "segments", None),
+                                                                 dict):
+                    obj.segments.clear()
+        return np.full(2, i)
+
+
+def test_a_worker_that_lost_its_slots_fails_as_itself_not_as_a_batch():
+    """Its failure is its task loop's: not blamed on the batch's indices, and
+    its persistent workers are replaced, so the next epoch loads again
+    (the broken worker used to stay and fail every later epoch)."""
+    loader = fl.DataLoader(LosesItsSlots(), batch_size=2, num_workers=2,
+                           persistent_workers=True)
+    for _ in range(2):
+        got = []
+        with pytest.raises(KeyError) as raised:
+            for batch in loader:
+                got.append(int(batch[0, 0]))
+        assert "in its task loop" in str(raised.value)
+        assert "while loading" not in str(raised.value)
+        assert got == [0, 2][:len(got)]  # what came before it is right
