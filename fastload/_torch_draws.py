@@ -35,10 +35,10 @@ class ResumableDraw:
     sampler's own (``saves_generator``), and no generator state for the
     loader's or torch's global one (the loader's own state puts its
     generator, torch's global one for ``fastload.torch``, where the next
-    epoch draws from, after the base seed it draws first). A resumed epoch sets the recorded
-    state for its first draw, puts the caller's state back (unless it was
-    that state already), and skips what was drawn: the same order,
-    wherever it stopped."""
+    epoch draws from, after the base seed it draws first). A resumed epoch
+    sets the recorded state for its first draw, puts the caller's state
+    back (unless it was that state already), and skips what was drawn: the
+    same order, wherever it stopped."""
 
     def __init__(self, draws: Any, random_sampler: Any, saves_generator: bool) -> None:
         self.draws = draws  # the sampler or batch sampler to draw from
@@ -130,16 +130,17 @@ def resumable(draws: Any, loader_generator: Any) -> Any:
     """``draws`` (a sampler or batch sampler), through ResumableDraw where it
     is one of torch's random samplers or a BatchSampler, torch's or
     fastload's, over one (whose generator, unless it is
-    ``loader_generator``, its state saves). torch's BatchSampler (exactly) over a sampler
-    with a state becomes fastload's over the same sampler: the same
-    batches, and a state that holds the sampler's (torch's has none, and
-    the sampler's own would be lost; torchdata swaps it likewise)."""
+    ``loader_generator``, its state saves). torch's BatchSampler (exactly)
+    over a sampler with a state becomes fastload's over the same sampler:
+    the same batches, and a state that holds the sampler's (torch's has
+    none, and the sampler's own would be lost; torchdata swaps it
+    likewise)."""
     batching = type(draws) in torch_data_classes(BatchSampler, "BatchSampler")
     inner = draws.sampler if batching else draws
     if is_torch_random_sampler(inner):
         own = inner.generator is not None and inner.generator is not loader_generator
         return ResumableDraw(draws, inner, saves_generator=own)
-    if (batching and type(draws) is not BatchSampler
+    if (type(draws) in torch_data_classes(None, "BatchSampler")
             and callable(getattr(inner, "state_dict", None))
             and callable(getattr(inner, "load_state_dict", None))):
         return BatchSampler(inner, draws.batch_size, draws.drop_last)
