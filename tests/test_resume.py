@@ -452,7 +452,9 @@ def torch_batch_sampler(sampler, batch_size):
     return torch.utils.data.BatchSampler(sampler, batch_size, drop_last=False)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [{}, dict(num_workers=2),
+                                     dict(num_workers=2, worker_method="thread")],
+                         ids=["0 workers", "processes", "threads"])
 @pytest.mark.parametrize("batching", [
     lambda sampler: dict(sampler=sampler, batch_size=3),
     lambda sampler: dict(batch_sampler=fl.BatchSampler(sampler, 3, drop_last=False)),
@@ -468,8 +470,7 @@ def test_a_sampler_with_a_state_resumed_at_any_batch_goes_on_to_its_next_epochs(
     and it counts that epoch as done. Under torch's BatchSampler too, which
     keeps no state of its own."""
     def make():
-        return fl.DataLoader(np.arange(12), num_workers=workers,
-                             **batching(EpochCounting(12)))
+        return fl.DataLoader(np.arange(12), **workers, **batching(EpochCounting(12)))
 
     def lists(loader, count):
         return [[b.tolist() for b in loader] for _ in range(count)]
