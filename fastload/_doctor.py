@@ -1,8 +1,8 @@
 """``python -m fastload doctor``: what decides fastload's speed and safety here.
 
 Each check looks at one thing (CPUs, start methods, shared memory, the
-memlock limit, the kernel's memfd and futex, what handing a batch over from
-a worker costs, torch and CUDA) and answers
+kernel's memfd and futex, what handing a batch over from a worker costs,
+torch and CUDA) and answers
 OK, WARN or FAIL with one line of advice. FAIL means normal use is blocked;
 the exit code is then non-zero.
 """
@@ -36,12 +36,6 @@ SHM_FAIL_BYTES = 64 * MiB
 SHM_WARN_BYTES = 1024 * MiB
 # Docker's default /dev/shm is 64 MiB, too little for torch's DataLoader.
 DEV_SHM_WARN_BYTES = 1024 * MiB
-# The pool that the memlock check sizes: pin_memory pins every slot, and a
-# loader holds prefetch_factor (2) batches per worker in flight plus about
-# two the training loop holds; a batch of 16 MiB is, e.g., 128 images of
-# 3x128x128 float32.
-TYPICAL_BATCH_BYTES = 16 * MiB
-HELD_BATCHES = 2
 # How long the kernel check waits for its child before calling it stuck.
 ROUND_TRIP_SECONDS = 10.0
 # The workers check: batches of 64 small rows, timed for a quarter second
@@ -120,40 +114,11 @@ def check_shared_memory() -> Check:
                  "held batches are copied out", details)
 
 
-def pinned_pool_bytes(workers: int) -> int:
-    """What pin_memory=True locks for ``workers`` workers and batches of
-    TYPICAL_BATCH_BYTES (see the constant)."""
-    return (2 * workers + HELD_BATCHES) * TYPICAL_BATCH_BYTES
-
-
-def check_memlock() -> Check:
-    limit = _memory.memlock_limit()
-    locked = _memory.locked_bytes()
-    workers = max(1, int(_cpus.usable_cpu_count()))
-    needed = pinned_pool_bytes(workers)
-    details = {"limit_bytes": limit, "locked_bytes": locked, "typical_need_bytes": needed,
-               "typical_workers": workers, "typical_batch_bytes": TYPICAL_BATCH_BYTES}
-    typical = (f"{workers} worker(s) (one per CPU) with {TYPICAL_BATCH_BYTES // MiB} MiB "
-               f"batches pin {needed // MiB} MiB")
-    if limit is None:
-        return Check("memlock", OK, "no limit on locked memory (unlimited or CAP_IPC_LOCK)",
-                     f"pin_memory=True can pin every slot; {typical}", details)
-    room = max(0, limit - locked)
-    seen = (f"RLIMIT_MEMLOCK {limit / MiB:,.2f} MiB, {locked / MiB:,.2f} MiB locked: "
-            f"pin_memory can pin {room / MiB:,.2f} MiB")
-    if room < needed:
-        return Check("memlock", WARN, seen,
-                     f"{typical}: raise the limit (ulimit -l unlimited; docker run "
-                     "--ulimit memlock=-1), else pin_memory=True warns and leaves "
-                     "slots unpinned", details)
-    return Check("memlock", OK, seen, f"enough for pin_memory=True: {typical}", details)
-
-
 def check_torch() -> Check:
     if importlib.util.find_spec("torch") is None:
         return Check("torch", OK, "torch not installed",
-                     "batches are numpy arrays; output='torch' and registering pinned "
-                     "slots with CUDA need torch", {"torch": None, "cuda": False})
+                     "batches are numpy arrays; output='torch' and pin_memory=True "
+                     "need torch", {"torch": None, "cuda": False})
     try:
         import torch
     except Exception as exc:  # a broken install says what is wrong
@@ -169,8 +134,9 @@ def check_torch() -> Check:
     return Check("torch", OK,
                  f"torch {torch.__version__}, {details['devices']} CUDA device(s): "
                  f"{torch.cuda.get_device_name(0)}",
-                 "pin_memory=True pins slots and registers them with CUDA: "
-                 "tensor.to('cuda', non_blocking=True) copies without staging", details)
+                 "pin_memory=True copies each batch into page-locked memory, as torch's "
+                 "DataLoader does, so tensor.to('cuda', non_blocking=True) overlaps "
+                 "the copy with the GPU's work", details)
 
 
 def _echo(requests: Ring, replies: Ring, segment: shm.Segment) -> None:
@@ -260,7 +226,7 @@ def check_workers() -> Check:
 # The kernel check runs before torch is imported: forking after torch has
 # started its threads is what start_method's advice warns against.
 CHECKS: tuple[Callable[[], Check], ...] = (
-    check_cpus, check_start_methods, check_shared_memory, check_memlock, check_kernel,
+    check_cpus, check_start_methods, check_shared_memory, check_kernel,
     check_workers, check_torch,
 )
 

@@ -29,6 +29,23 @@ from fastload._worker_error import WorkerError
 from fastload.errors import InvalidArgumentError
 from fastload.sampler import draws_arrays, index_batches
 
+# NOTE [ Pinning by copy ]
+# pin_memory=True copies each batch into torch's page-locked memory as it
+# is delivered (BaseIter._delivered), on every path: num_workers=0, worker
+# threads and worker processes, as torch's pin-memory thread does. Worker
+# processes' slots in shared memory could be pinned and registered with
+# CUDA instead, sparing that copy, and fastload once did so; it is unsafe.
+# `x.to("cuda", non_blocking=True)` queues a copy that reads x when the GPU
+# gets to it, which can be after the loop has dropped x and a worker has
+# written a later batch into its slot. torch's host allocator guards its
+# own memory: the copy records an event on the block it came from (found by
+# its start address, also through a numpy view of it or torch.from_numpy of
+# that view), and the block is reused only once the event has passed. A
+# slot has no such guard. On an H100, with each copy queued behind 20 ms of
+# GPU work, 19 of 24 batches from pinned slots reached the GPU overwritten
+# by later ones, and none copied into torch's memory
+# (tests/test_pinning.py's CUDA test does the same).
+
 
 def pin_target(loader: Any) -> Any:
     """torch when batches can and should be pinned, else None (with torch's
@@ -160,6 +177,7 @@ class BaseIter:
         self._num_workers = loader.num_workers
         self._timeout = loader.timeout
         self._collate_fn, self._output = loader._engine_collation()
+        self._pin_torch = pin_target(loader)
         self._persistent_workers = loader.persistent_workers
         self._snapshot_every = loader.snapshot_every_n_steps
         self._map_style = self._dataset_kind is DatasetKind.MAP
@@ -267,9 +285,13 @@ class BaseIter:
         self._batch_stopped = issubclass(error.exc_type, StopIteration)
         error.reraise(pid, thread)
 
-    def _convert(self, data: Any) -> Any:
-        """The batch in the types ``output`` asks for: leaves as the samples
-        had them (None), numpy arrays or tensors, sharing memory either way."""
+    def _delivered(self, data: Any) -> Any:
+        """The batch as the user gets it, whatever loaded it: copied into
+        torch's page-locked memory when pinning (NOTE [ Pinning by copy ]),
+        then in the types ``output`` asks for: leaves as the samples had them
+        (None), numpy arrays or tensors, sharing memory either way."""
+        if self._pin_torch is not None:
+            data = pin_batch(self._pin_torch, data)
         if self._output is None:
             return data
         if self._output == "torch":
@@ -323,13 +345,12 @@ class SingleProcessIter(BaseIter):
     """Fetches and collates each batch in the calling thread."""
 
     def __init__(self, loader: Any, resume: LoaderState | None) -> None:
-        super().__init__(loader, resume, index_arrays=reads_index_arrays(loader))
-        if self._timeout != 0:
+        if loader.timeout != 0:
             raise InvalidArgumentError(
-                f"timeout={self._timeout} needs worker processes (num_workers > 0); "
+                f"timeout={loader.timeout} needs worker processes (num_workers > 0); "
                 "loading in the main process cannot time out"
             )
-        self._pin_torch = pin_target(loader)
+        super().__init__(loader, resume, index_arrays=reads_index_arrays(loader))
         self._draw = self._epoch_draw()
         if _datapipes.is_datapipe(self._dataset):
             _datapipes.prepare(self._dataset, self._pipe_seed(), num_workers=0, worker_id=0)
@@ -401,6 +422,4 @@ class SingleProcessIter(BaseIter):
                 self._record_stream_end(progress.yielded + 1)  # ran out inside this batch
             progress.dataset_ended = ended
         progress.deliver(position, sampler_snapshot)
-        if self._pin_torch is not None:
-            data = pin_batch(self._pin_torch, data)
-        return self._convert(data)
+        return self._delivered(data)

@@ -19,7 +19,6 @@ from typing import Any, NoReturn
 from fastload import _checkpoint
 from fastload._dispatch import WorkerIter
 from fastload._fetch import describe_indices
-from fastload._iterator import pin_target
 from fastload._loader_state import LoaderState
 from fastload._process_dispatch import ProcessDispatcher, WorkerSetupFailed
 from fastload._stats import LoaderStats, WorkerStats
@@ -37,9 +36,6 @@ class MultiProcessingIter(WorkerIter):
         """``start_states``: each worker's dataset state to start from (a
         persistent-workers run resumed between epochs)."""
         super().__init__(loader, resume, base_seed)
-        # A batch type with its own pin_memory() pins itself, when an
-        # accelerator is there to pin for (the slots themselves are pinned).
-        self._pin_custom = pin_target(loader) is not None
         self._stats.workers = [WorkerStats() for _ in range(loader.num_workers)]
         progress = self._progress
         progress.workers, progress.next_worker = _checkpoint.worker_states(
@@ -106,9 +102,7 @@ class MultiProcessingIter(WorkerIter):
         self._progress.advance(task)
         if isinstance(batch, Failure):
             self._raise_failed_batch(batch.error, self._group.pids[batch.error.worker_id])
-        if self._pin_custom and hasattr(batch, "pin_memory"):
-            batch = batch.pin_memory()  # the slots themselves are pinned
-        return batch if self._output is None else self._convert(batch)
+        return self._delivered(batch)
 
     @contextlib.contextmanager
     def _errors_raised(self) -> Iterator[None]:

@@ -102,7 +102,6 @@ from fastload._dispatch import RoundRobin, WorkerIter, wait_seconds
 from fastload._epoch_pieces import listed
 from fastload._fast_path import not_gathered, writes_in_c
 from fastload._fetch import describe_indices, is_stateful
-from fastload._iterator import pin_batch, pin_target
 from fastload._loader_state import LoaderState, WorkerState
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
 from fastload._progress import NO_SNAPSHOT
@@ -136,7 +135,6 @@ class ThreadIter(WorkerIter):
         """``start_states``: as for MultiProcessingIter."""
         super().__init__(loader, resume, base_seed)
         workers = loader.num_workers
-        self._pin_torch = pin_target(loader)
         self._results: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._warned_global_rng = False
         self._table = TaskTable()  # NOTE [ Task lifecycle ]
@@ -327,9 +325,7 @@ class ThreadIter(WorkerIter):
                 self._dispatch()
                 if isinstance(batch, WorkerError):
                     self._raise_failed_batch(batch, os.getpid(), thread=True)
-                if self._pin_torch is not None:
-                    batch = pin_batch(self._pin_torch, batch)
-                return batch if self._output is None else self._convert(batch)
+                return self._delivered(batch)
             if not table.order:
                 self._draw.raise_failure()
                 if not self._persistent_workers:

@@ -201,7 +201,6 @@ class WorkerGroup:
         collate_fn = loader._engine_collation()[0]
         self.pool = _memory.new_pool(
             self.batch_bytes or INITIAL_SLOT_BYTES,
-            pin_memory=loader.pin_memory,
             unmapped_slot_bytes=_memory.UNMAPPED_SLOT_BYTES if writes_through_files else 0,
             on_segment=channels.send_segment, on_retire=channels.retire_segment)
         initial_segments = {seg_id: segment for seg_id, segment, _, _ in self.pool.segments}

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from _mapped import mapped_bytes
 
-from fastload._memory import memlock_limit
 from fastload_c.pack import SlotTooSmallError, collate_into, gather_into, pickle_into, unpack
 from fastload_c.shm import recv_segments, send_segments
 from fastload_c.slab import Lease, SlabPool
@@ -155,17 +154,6 @@ def test_a_free_slot_of_unmapped_size_keeps_no_page_mapped_and_keeps_its_bytes(u
     assert mapped_bytes(address, 1 << 20) == (0 if unmapped else 1 << 20)
     again = pool.acquire()
     assert again.slot == slot and (np.frombuffer(again, np.uint8) == 7).all()
-
-
-@pytest.mark.skipif((memlock_limit() or 1 << 30) < 2 << 20,
-                    reason="RLIMIT_MEMLOCK does not allow locking a MiB")
-def test_a_pinned_segment_stays_mapped_when_its_slots_are_free():
-    pool = SlabPool(1 << 20, slots_per_segment=1, unmapped_slot_bytes=1 << 20,
-                    on_segment=lambda *s: s[1].pin())
-    lease = pool.acquire()
-    address = np.frombuffer(lease, np.uint8).ctypes.data
-    del lease  # no madvise of locked pages (it would fail, unraisably)
-    assert mapped_bytes(address, 1 << 20) == 1 << 20
 
 
 def test_the_first_growth_is_exact_and_later_ones_keep_headroom():
