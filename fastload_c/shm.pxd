@@ -3,9 +3,6 @@ cdef extern from "fl_shm.h" nogil:
     int fl_shm_create(const char *label, size_t size, int *fd_out, void **addr_out)
     int fl_shm_attach(int fd, size_t size, void **addr_out)
     int fl_shm_unmap(void *addr, size_t size)
-    int fl_shm_prefault(void *addr, size_t size)
-    int fl_shm_pin(void *addr, size_t size)
-    int fl_shm_unpin(void *addr, size_t size)
 
 
 cdef class Segment:
@@ -13,8 +10,5 @@ cdef class Segment:
     cdef char *addr
     cdef readonly size_t size
     cdef Py_ssize_t _exports
-    cdef bint _pinned
-    cdef list _release_hooks
     cdef void _release(self) noexcept
-    cdef void _run_release_hooks(self) noexcept
     cdef int _check_open(self) except -1

@@ -8,7 +8,6 @@ process is being started (spawn, forkserver) passes its descriptor to the
 child, and a forked child inherits it. A process that is already running
 receives one over a Unix socket (send_segments / recv_segments).
 """
-cimport cython
 from cpython.buffer cimport PyBuffer_FillInfo
 from posix.unistd cimport close
 
@@ -20,9 +19,6 @@ import struct
 from fastload_c.errors import ShmError
 
 
-# Release hooks run from __dealloc__, so the list must survive until then even
-# when the segment dies in a garbage cycle.
-@cython.no_gc_clear
 cdef class Segment:
     """Shared memory of ``size`` bytes, every page reserved at creation.
 
@@ -38,8 +34,6 @@ cdef class Segment:
         self._fd = -1
         self.addr = NULL
         self.size = 0
-        self._pinned = False
-        self._release_hooks = []
         if _fd >= 0:
             # Attach: the descriptor is ours from here on, success or not.
             with nogil:
@@ -76,61 +70,9 @@ cdef class Segment:
 
     @property
     def address(self):
-        """Start of this process's mapping, for registering it with a driver
-        (cudaHostRegister). Valid until the segment is closed."""
+        """Start of this process's mapping. Valid until the segment is closed."""
         self._check_open()
         return <size_t>self.addr
-
-    @property
-    def pinned(self):
-        """Whether pin() locked this mapping in RAM."""
-        return self._pinned
-
-    def prefault(self):
-        """Map every page writable now, so no later write takes a page fault."""
-        self._check_open()
-        cdef int rc
-        with nogil:
-            rc = fl_shm_prefault(self.addr, self.size)
-        if rc != 0:
-            raise_errno("cannot prefault shared segment of {} bytes".format(self.size), ShmError)
-
-    def pin(self):
-        """Lock the segment in RAM (mlock) and prefault every page.
-
-        Raises ShmError (an OSError) with the errno of mlock: ENOMEM or EPERM
-        when RLIMIT_MEMLOCK does not allow it. Whether to fall back is policy
-        (fastload._memory), not decided here. Unlocked again on release.
-        """
-        self._check_open()
-        if self._pinned:
-            return
-        cdef int rc
-        with nogil:
-            rc = fl_shm_pin(self.addr, self.size)
-        if rc != 0:
-            raise_errno("cannot pin shared segment of {} bytes".format(self.size), ShmError)
-        self._pinned = True
-
-    def unpin(self):
-        """Undo pin(); a no-op when not pinned."""
-        self._check_open()
-        if not self._pinned:
-            return
-        cdef int rc
-        with nogil:
-            rc = fl_shm_unpin(self.addr, self.size)
-        if rc != 0:
-            raise_errno("cannot unpin shared segment of {} bytes".format(self.size), ShmError)
-        self._pinned = False
-
-    def on_release(self, hook):
-        """Call ``hook()`` when the mapping goes away (close or last reference),
-        before it is unmapped: the place to undo a driver registration. Hooks
-        run newest first; one that raises is reported and the rest still run.
-        A hook must not refer to this segment (it would keep it alive)."""
-        self._check_open()
-        self._release_hooks.append(hook)
 
     cdef int _check_open(self) except -1:
         if self.addr == NULL:
@@ -157,26 +99,14 @@ cdef class Segment:
     cdef void _release(self) noexcept:
         cdef char *addr = self.addr
         cdef int fd = self._fd
-        cdef bint pinned = self._pinned
-        if addr != NULL:
-            self._run_release_hooks()
         self.addr = NULL
         self._fd = -1
-        self._pinned = False
-        # Unmapping a large pinned segment takes a while: let threads run.
+        # Unmapping a large segment takes a while: let threads run.
         with nogil:
             if addr != NULL:
-                if pinned:
-                    fl_shm_unpin(addr, self.size)
                 fl_shm_unmap(addr, self.size)
             if fd >= 0:
                 close(fd)
-
-    cdef void _run_release_hooks(self) noexcept:
-        hooks = self._release_hooks
-        self._release_hooks = []
-        while hooks:
-            _call_hook(hooks.pop())
 
     def __dealloc__(self):
         # Views hold a reference to the segment, so none is alive here.
@@ -198,8 +128,6 @@ cdef class Segment:
 
     def __repr__(self):
         state = "closed" if self.addr == NULL else "fd={}".format(self._fd)
-        if self._pinned:
-            state += " pinned"
         return "<fastload_c.shm.Segment size={} {}>".format(self.size, state)
 
 
@@ -210,12 +138,6 @@ def available():
 
 def _attach_dupfd(dupfd, size_t size):
     return Segment(size, _fd=dupfd.detach())
-
-
-cdef void _call_hook(hook) noexcept:
-    # noexcept: an exception here goes to sys.unraisablehook, and the
-    # remaining hooks still run.
-    hook()
 
 
 # Wire format of send_segments: magic, segment count, meta length, then one

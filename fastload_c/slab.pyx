@@ -103,9 +103,8 @@ cdef class Lease:
         cdef int rc = 0
         if self._owner is None:
             return
-        # Unmapped before the slot is free: nobody can be using it. mlock
-        # keeps a pinned segment's pages mapped (and madvise refuses).
-        if self._owner.unmap_free and not self._owner.segment._pinned:
+        # Unmapped before the slot is free: nobody can be using it.
+        if self._owner.unmap_free:
             with nogil:
                 rc = fl_slab_unmap_pages(self.addr, self.capacity)
         # Cannot fail: this Lease took the slot and is its only owner.
@@ -144,7 +143,7 @@ cdef class SlabPool:
     in this process while free; their contents stay in the segment (NOTE
     [ Unmapped slots ] in fastload/_memory.py says why).
     ``on_segment(id, segment, slot_size, nslots)`` is called for every new
-    segment before any of its slots is used (pin it, send it to workers); if
+    segment before any of its slots is used (send it to workers, say); if
     it raises, the segment is discarded and the exception propagates.
     ``on_retire(id)`` is called when a segment of an outgrown slot size is
     dropped. See NOTE [ Slot ownership and lifetime ].

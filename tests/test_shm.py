@@ -2,7 +2,6 @@ import gc
 import multiprocessing as mp
 import os
 import socket
-import sys
 
 import numpy as np
 import pytest
@@ -95,85 +94,6 @@ def test_child_writes_are_seen_by_parent(method):
     proc.join(30)
     assert proc.exitcode == 0
     assert (np.frombuffer(seg, dtype=np.uint8) == 9).all()
-
-
-def _vmlck():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmLck:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmLck in /proc/self/status")
-
-
-def test_pin_locks_every_page_and_release_unlocks():
-    # Runs as root here, where RLIMIT_MEMLOCK does not bind (test_pinning
-    # covers the limit).
-    size = 1 << 20
-    before = _vmlck()
-    seg = Segment(size)
-    assert not seg.pinned
-    seg.pin()
-    seg.pin()  # idempotent
-    assert seg.pinned and "pinned" in repr(seg)
-    assert _vmlck() - before == size
-    seg.unpin()
-    assert not seg.pinned and _vmlck() == before
-    seg.pin()
-    seg.close()
-    assert _vmlck() == before
-
-
-def test_pin_and_prefault_refused_once_closed():
-    seg = Segment(4096)
-    seg.prefault()
-    seg.close()
-    for method in (seg.pin, seg.unpin, seg.prefault):
-        with pytest.raises(ValueError, match="closed"):
-            method()
-
-
-def test_prefault_leaves_no_page_fault_for_later_writes():
-    import resource
-
-    seg = Segment(4 << 20)
-    seg.prefault()
-    view = np.frombuffer(seg, dtype=np.uint8)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    view[::4096] = 1
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 16
-
-
-def test_release_hooks_run_newest_first_before_unmap_and_survive_errors():
-    seg = Segment(4096)
-    calls = []
-    seg.on_release(lambda: calls.append(("first", seg_alive())))
-    seg.on_release(lambda: 1 / 0)
-    seg.on_release(lambda: calls.append(("last", seg_alive())))
-    address = seg.address
-    seen = []
-
-    def seg_alive():
-        # Still mapped: the address is readable through a fresh view.
-        return address == seen[0].address and not seen[0].closed
-
-    seen.append(seg)
-    errors = []
-    old, sys.unraisablehook = sys.unraisablehook, errors.append
-    try:
-        seg.close()
-    finally:
-        sys.unraisablehook = old
-    assert calls == [("last", True), ("first", True)]
-    assert len(errors) == 1 and errors[0].exc_type is ZeroDivisionError
-
-
-def test_release_hooks_run_when_the_last_reference_goes():
-    calls = []
-    seg = Segment(4096)
-    seg.on_release(lambda: calls.append(1))
-    del seg
-    gc.collect()
-    assert calls == [1]
 
 
 def _receive_and_write(sock, result):

@@ -197,37 +197,3 @@ int fl_shm_unmap(void *addr, size_t size)
 {
     return munmap(addr, size);
 }
-
-int fl_shm_prefault(void *addr, size_t size)
-{
-    if (madvise(addr, size, MADV_POPULATE_WRITE) == 0)
-        return 0;
-    /* EINVAL: a kernel older than 5.14. Anything else is a real failure. */
-    if (errno != EINVAL)
-        return -1;
-    long page = sysconf(_SC_PAGESIZE);
-    if (page <= 0)
-        return -1;
-    for (size_t off = 0; off < size; off += (size_t)page)
-        __atomic_fetch_add((char *)addr + off, 0, __ATOMIC_RELAXED);
-    return 0;
-}
-
-int fl_shm_pin(void *addr, size_t size)
-{
-    if (mlock(addr, size) != 0)
-        return -1;
-    /* mlock faults pages in for reading; make the entries writable too. */
-    if (fl_shm_prefault(addr, size) != 0) {
-        int saved = errno;
-        munlock(addr, size);
-        errno = saved;
-        return -1;
-    }
-    return 0;
-}
-
-int fl_shm_unpin(void *addr, size_t size)
-{
-    return munlock(addr, size);
-}

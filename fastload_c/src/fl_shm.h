@@ -32,18 +32,4 @@ int fl_shm_attach(int fd, size_t size, void **addr_out);
 /* Unmap a mapping made by create or attach. */
 int fl_shm_unmap(void *addr, size_t size);
 
-/* Give every page of the mapping a writable page-table entry now, so the
- * first write to it later costs no page fault. MADV_POPULATE_WRITE where the
- * kernel has it (5.14+); else one atomic no-op write per page, which cannot
- * lose a concurrent write by another process. */
-int fl_shm_prefault(void *addr, size_t size);
-
-/* Lock the mapping in RAM (mlock) and prefault it. Fails with ENOMEM or
- * EPERM when RLIMIT_MEMLOCK does not allow `size` more locked bytes, before
- * touching anything. */
-int fl_shm_pin(void *addr, size_t size);
-
-/* Undo fl_shm_pin (munlock). Pages stay mapped and valid. */
-int fl_shm_unpin(void *addr, size_t size);
-
 #endif
