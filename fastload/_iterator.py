@@ -9,8 +9,9 @@ fastload._checkpoint). ``SingleProcessIter`` fetches through a fetcher from
 """
 from __future__ import annotations
 
+import copy
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, MutableSequence, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
@@ -69,23 +70,44 @@ def pin_target(loader: Any) -> Any:
 
 
 def pin_batch(torch: Any, data: Any) -> Any:
-    """Copy each numeric array of ``data`` into page-locked memory, keeping
-    numpy arrays numpy (a view of the pinned tensor) and tensors tensors; a
-    batch type with its own ``pin_memory()`` method pins itself."""
+    """``data`` with each numeric array and tensor copied into page-locked
+    memory: torch's pin_memory rules (an object with a ``pin_memory()``
+    method pins itself; mappings and sequences keep their type where it can
+    be rebuilt, mutable ones through a shallow copy that keeps any other
+    attribute), and numpy arrays stay numpy, viewing the pinned tensor."""
     if isinstance(data, np.ndarray):
         if data.dtype.kind not in "biufc":
             return data
         return torch.from_numpy(data).pin_memory().numpy()
-    if isinstance(data, torch.Tensor):
+    if isinstance(data, torch.Tensor) or hasattr(data, "pin_memory"):
         return data.pin_memory()
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(pin_batch(torch, d) for d in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(pin_batch(torch, d) for d in data)
-    if isinstance(data, dict):
-        return type(data)({k: pin_batch(torch, v) for k, v in data.items()})
-    if hasattr(data, "pin_memory"):
-        return data.pin_memory()
+    if isinstance(data, (str, bytes)):
+        return data
+    if isinstance(data, Mapping):
+        pinned = {key: pin_batch(torch, value) for key, value in data.items()}
+        try:
+            if isinstance(data, MutableMapping):
+                clone = copy.copy(data)
+                clone.update(pinned)
+                return clone
+            return type(data)(pinned)  # type: ignore[call-arg]
+        except TypeError:
+            return pinned
+    if isinstance(data, tuple):
+        if hasattr(data, "_fields"):  # a namedtuple
+            return type(data)(*(pin_batch(torch, item) for item in data))
+        return type(data)(pin_batch(torch, item) for item in data)
+    if isinstance(data, Sequence):
+        items = [pin_batch(torch, item) for item in data]
+        try:
+            if isinstance(data, MutableSequence):
+                sequence = copy.copy(data)
+                for index, item in enumerate(items):
+                    sequence[index] = item
+                return sequence
+            return type(data)(items)  # type: ignore[call-arg]
+        except TypeError:
+            return items
     return data
 
 

@@ -1,6 +1,9 @@
 """pin_memory=True: every path copies each batch into torch's page-locked
 memory as it delivers it, never a slot of shared memory (NOTE [ Pinning by
 copy ] in fastload._iterator)."""
+import collections
+import collections.abc
+
 import numpy as np
 import pytest
 
@@ -73,6 +76,80 @@ def test_every_path_delivers_copies_in_pinned_memory(monkeypatch, path):
             assert any(leaf is copy for copy in pinning.pinned)
             assert not any(isinstance(owner, Lease) for owner in owners(leaf))
     assert len(pinning.pinned) == 2 * len(got)
+
+
+class Encoding(collections.UserDict):
+    """A mapping with an attribute of its own (as transformers' BatchEncoding)."""
+
+    def __init__(self, data=None, note=""):
+        super().__init__(data)
+        self.note = note
+
+
+class Tokens(list):
+    """A list with an attribute of its own."""
+
+    note = ""
+
+
+class Pair(collections.abc.Sequence):
+    """A sequence that cannot be copied item by item nor rebuilt from one."""
+
+    def __init__(self, first, second):
+        self.items = (first, second)
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, index):
+        return self.items[index]
+
+
+class Fields(collections.abc.Mapping):
+    """A mapping that cannot be rebuilt from a dict."""
+
+    def __init__(self, *, mask):
+        self.fields = {"mask": mask}
+
+    def __len__(self):
+        return 1
+
+    def __iter__(self):
+        return iter(self.fields)
+
+    def __getitem__(self, key):
+        return self.fields[key]
+
+
+def structured(samples):
+    tokens = Tokens([np.arange(3)])
+    tokens.note = "kept"
+    return {
+        "encoding": Encoding({"ids": np.arange(4), "text": "a b"}, note="kept"),
+        "tokens": tokens,
+        "frozen": Pair(np.ones(2), "b"),
+        "mapping": Fields(mask=np.zeros(2, bool)),
+        "pair": (np.ones(1), b"raw"),
+    }
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path", PATHS, ids=["0 workers", "processes", "threads"])
+def test_pinning_keeps_the_batchs_structure_as_torch_does(monkeypatch, path):
+    pinning = FakePinning()
+    monkeypatch.setattr("fastload._iterator.torch_or_none", lambda: pinning)
+    batch = next(iter(fl.DataLoader(Records(), batch_size=2, pin_memory=True,
+                                    collate_fn=structured, **path)))
+    # Mutable containers are shallow copies: their own attributes stay.
+    assert type(batch["encoding"]) is Encoding and batch["encoding"].note == "kept"
+    assert type(batch["tokens"]) is Tokens and batch["tokens"].note == "kept"
+    assert batch["encoding"]["text"] == "a b" and batch["pair"][1] == b"raw"
+    # What cannot be rebuilt becomes a list or a dict, as in torch.
+    assert type(batch["frozen"]) is list and type(batch["mapping"]) is dict
+    pinned = [batch["encoding"]["ids"], batch["tokens"][0], batch["frozen"][0],
+              batch["mapping"]["mask"], batch["pair"][0]]
+    assert all(any(leaf is copy for copy in pinning.pinned) for leaf in pinned)
+    assert len(pinning.pinned) == len(pinned)
 
 
 def cuda_available():
