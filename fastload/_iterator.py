@@ -123,7 +123,7 @@ class EpochDraw:
         records (None: no snapshots, as for an iterable dataset)."""
         self._sampler_iter = sampler_iter
         self._skip = skip
-        self._drawn = start
+        self._start = self._drawn = start
         self._snapshots = snapshot_sampler is not None and snapshot_every > 0
         # What records its state, looked up once (None: a sampler that keeps
         # no state, whose snapshot steps are still recorded, as torchdata
@@ -159,6 +159,13 @@ class EpochDraw:
             getter = self._sampler_state
             return index, position, None if getter is None else getter()
         return index, position, NO_SNAPSHOT
+
+    @property
+    def failed_at_start(self) -> bool:
+        """Whether the sampler raised at the epoch's first draw. Worker
+        iterators raise that in iter(), as torch's does (its first prefetch
+        draws there): no batch was drawn before it, so none is held back."""
+        return self.failure is not None and self._drawn == self._start
 
     def raise_failure(self) -> None:
         """Raise what the sampler raised, if it did: every batch drawn before

@@ -49,9 +49,13 @@ class MultiProcessingIter(WorkerIter):
         self._workers = self._group.processes
         self._dispatcher = ProcessDispatcher(loader, self._group, self._stats.workers,
                                              self._gathers_here, self._index_arrays)
+        draw = self._epoch_draw()
         with self._errors_raised():
-            self._dispatcher.begin_epoch(self._epoch_draw(), progress)
+            self._dispatcher.begin_epoch(draw, progress)
             self._dispatcher.await_started()
+        if draw.failed_at_start:
+            self._stop()
+            draw.raise_failure()
 
     def stats(self) -> LoaderStats:
         stats = self._stats
@@ -81,8 +85,11 @@ class MultiProcessingIter(WorkerIter):
         else:
             # A map-style replica goes on as it is.
             self._progress.workers = _checkpoint.replicas_carried(previous)
+        draw = self._epoch_draw()
         with self._errors_raised():
-            self._dispatcher.new_epoch(self._epoch_draw(), self._progress)
+            self._dispatcher.new_epoch(draw, self._progress)
+        if draw.failed_at_start:
+            draw.raise_failure()  # the workers wait for the next iter()
 
     def _next_data(self) -> Any:
         if not self.reusable:

@@ -178,6 +178,9 @@ class ThreadIter(WorkerIter):
         # As worker processes: a set-up failure raises in iter(), whatever
         # the timing (NOTE [ Worker protocol ]).
         self._await_started()
+        if self._draw.failed_at_start:
+            self._stop()
+            self._draw.raise_failure()
 
     def _await_started(self) -> None:
         """Wait until every thread said STARTED (set up, or its new stream
@@ -239,6 +242,8 @@ class ThreadIter(WorkerIter):
         self._await_started()
         self._record_shared_start()
         self._begin_epoch()
+        if self._draw.failed_at_start:
+            self._draw.raise_failure()  # the threads wait for the next iter()
 
     def _reset_workers(self, epoch: int, pipe_seed: int | None) -> int:
         """RESET every thread; the serial their STARTED answers will carry."""

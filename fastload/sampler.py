@@ -445,7 +445,7 @@ class BatchSampler(Sampler[list[int]]):
         # first batch is the new iteration's; any other's at the first
         # batch, as in torch.
         if type(sampler) is SequentialSampler:
-            return self._sequential_batches(len(sampler.data_source))
+            return self._sequential_batches(sampler)
         if _iterates_as_epoch_sampler(sampler):
             return sampler._batches(self.batch_size, self.drop_last)
         if getattr(type(sampler), "_iteration_starts_at_iter", None) is type(sampler).__iter__:
@@ -468,7 +468,10 @@ class BatchSampler(Sampler[list[int]]):
             return sampler._batches(self.batch_size, self.drop_last, as_arrays=True)
         return None
 
-    def _sequential_batches(self, size: int) -> Iterator[list[int]]:
+    def _sequential_batches(self, sampler: SequentialSampler) -> Iterator[list[int]]:
+        # The dataset's length is read at the first batch, as torch's
+        # BatchSampler over a SequentialSampler reads it.
+        size = len(sampler.data_source)
         batch_size = self.batch_size
         full = size - size % batch_size
         for start in range(0, full, batch_size):

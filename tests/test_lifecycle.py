@@ -154,14 +154,63 @@ def test_a_sampler_that_raises_comes_after_every_batch_drawn_before_it(at, kwarg
     # held until the batches drawn before it are delivered, then the epoch
     # ends there, as without workers (torch's workers lose a batch).
     loader = fl.DataLoader(Sleepy(n=10), batch_size=1, sampler=RaisesOnce(at), **kwargs)
-    it = iter(loader)
-    delivered = [int(next(it)[0, 0]) for _ in range(at)]
-    assert delivered == list(range(at))
-    with pytest.raises(KeyError, match=f"no index {at}"):
-        next(it)
-    with pytest.raises(StopIteration):
-        next(it)
+    if at == 0 and kwargs:
+        # Nothing drawn before it: workers raise it in iter(), as torch's
+        # do (their first prefetch draws there).
+        with pytest.raises(KeyError, match="no index 0"):
+            iter(loader)
+    else:
+        it = iter(loader)
+        delivered = [int(next(it)[0, 0]) for _ in range(at)]
+        assert delivered == list(range(at))
+        with pytest.raises(KeyError, match=f"no index {at}"):
+            next(it)
+        with pytest.raises(StopIteration):
+            next(it)
     assert [int(batch[0, 0]) for batch in loader] == list(range(10))  # the next epoch
+
+
+class Unsized(fl.Dataset):
+    def __len__(self):
+        raise TypeError("no length yet")
+
+    def __getitem__(self, i):
+        return i
+
+
+class RaisesInEpoch(fl.Sampler):
+    """0..7 in order, but epoch ``bad`` (counting from 1) raises at once."""
+
+    def __init__(self, bad):
+        self.bad, self.epochs = bad, 0
+
+    def __iter__(self):
+        self.epochs += 1
+        if self.epochs == self.bad:
+            raise KeyError(f"epoch {self.bad}")
+        return iter(range(8))
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"num_workers": 2}, {"num_workers": 2, "worker_method": "thread"}])
+def test_a_first_draw_that_raises_raises_where_torchs_does(kwargs):
+    # torch's BatchSampler reads the dataset's length at the first batch:
+    # without workers next() raises, with workers iter() (the prefetch).
+    it = iter(fl.DataLoader(Unsized(), batch_size=2))
+    with pytest.raises(TypeError, match="no length yet"):
+        next(it)
+    with pytest.raises(TypeError, match="no length yet"):
+        iter(fl.DataLoader(Unsized(), batch_size=2, **kwargs))
+    # A persistent loader's later epoch too; its workers wait for the next.
+    sampler = RaisesInEpoch(bad=2)
+    loader = fl.DataLoader(Sleepy(n=8), batch_size=2, sampler=sampler,
+                           persistent_workers=True, **kwargs)
+    assert len(list(loader)) == 4
+    workers = loader._iterator._workers
+    with pytest.raises(KeyError, match="epoch 2"):
+        iter(loader)
+    assert [batch[:, 0].tolist() for batch in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert loader._iterator._workers is workers
 
 
 def test_persistent_loader_starts_fresh_workers_after_a_death():
