@@ -12,6 +12,7 @@ from typing import Any
 from fastload._fast_path import BatchWriter, small_gathers
 from fastload._iterator import BaseIter
 from fastload._loader_state import LoaderState
+from fastload._pinning import Pinner
 from fastload._progress import Progress
 from fastload._task_table import TaskTable
 
@@ -111,6 +112,9 @@ class WorkerIter(BaseIter):
         super().__init__(loader, resume, base_seed, index_arrays=self._gathers_here is not None)
         self._prefetch = tasks_in_flight(loader)
         self._in_order = loader.in_order
+        # Pins the batches on a thread as they become ready (NOTE [ Pinning
+        # by copy ] in fastload._pinning); the subclass gives it its table.
+        self._pinner = None if self._pin_torch is None else Pinner(self._pin_torch)
 
     def _deadline(self) -> float | None:
         """When a wait that starts now must end (``timeout``), if ever."""

@@ -9,106 +9,23 @@ fastload._checkpoint). ``SingleProcessIter`` fetches through a fetcher from
 """
 from __future__ import annotations
 
-import copy
 import time
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, MutableSequence, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
-
-import numpy as np
 
 from fastload import _checkpoint, _datapipes, _seed
 from fastload._fast_path import reads_index_arrays
 from fastload._fetch import DatasetKind, create_fetcher, is_stateful
 from fastload._loader_state import LoaderState
 from fastload._output import arrays_to_tensors, tensors_to_arrays
+from fastload._pinning import PinnedLater, pin_batch, pin_target
 from fastload._progress import NO_SNAPSHOT, Progress, sampler_snapshot_getter, sampler_state
 from fastload._sample_rng import context as sample_context
 from fastload._stats import LoaderStats
-from fastload._torch import torch_or_none
 from fastload._warnings import warn_at_caller
 from fastload._worker_error import WorkerError
 from fastload.errors import InvalidArgumentError
 from fastload.sampler import draws_arrays, index_batches
-
-# NOTE [ Pinning by copy ]
-# pin_memory=True copies each batch into torch's page-locked memory as it
-# is delivered (BaseIter._delivered), on every path: num_workers=0, worker
-# threads and worker processes, as torch's pin-memory thread does. Worker
-# processes' slots in shared memory could be pinned and registered with
-# CUDA instead, sparing that copy, and fastload once did so; it is unsafe.
-# `x.to("cuda", non_blocking=True)` queues a copy that reads x when the GPU
-# gets to it, which can be after the loop has dropped x and a worker has
-# written a later batch into its slot. torch's host allocator guards its
-# own memory: the copy records an event on the block it came from (found by
-# its start address, also through a numpy view of it or torch.from_numpy of
-# that view), and the block is reused only once the event has passed. A
-# slot has no such guard. On an H100, with each copy queued behind 20 ms of
-# GPU work, 19 of 24 batches from pinned slots reached the GPU overwritten
-# by later ones, and none copied into torch's memory
-# (tests/test_pinning.py's CUDA test does the same).
-
-
-def pin_target(loader: Any) -> Any:
-    """torch when batches can and should be pinned, else None (with torch's
-    warnings when pinning was asked for but cannot happen)."""
-    if not loader.pin_memory:
-        return None
-    if loader.pin_memory_device:
-        warn_at_caller(
-            "pin_memory_device is deprecated, the current accelerator will be used "
-            f"as the device, ignore pin_memory_device='{loader.pin_memory_device}'."
-        )
-    torch = torch_or_none()
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is None or not accelerator.is_available():
-        warn_at_caller(
-            "'pin_memory' argument is set as true but no accelerator is found, "
-            "then device pinned memory won't be used."
-        )
-        return None
-    return torch
-
-
-def pin_batch(torch: Any, data: Any) -> Any:
-    """``data`` with each numeric array and tensor copied into page-locked
-    memory: torch's pin_memory rules (an object with a ``pin_memory()``
-    method pins itself; mappings and sequences keep their type where it can
-    be rebuilt, mutable ones through a shallow copy that keeps any other
-    attribute), and numpy arrays stay numpy, viewing the pinned tensor."""
-    if isinstance(data, np.ndarray):
-        if data.dtype.kind not in "biufc":
-            return data
-        return torch.from_numpy(data).pin_memory().numpy()
-    if isinstance(data, torch.Tensor) or hasattr(data, "pin_memory"):
-        return data.pin_memory()
-    if isinstance(data, (str, bytes)):
-        return data
-    if isinstance(data, Mapping):
-        pinned = {key: pin_batch(torch, value) for key, value in data.items()}
-        try:
-            if isinstance(data, MutableMapping):
-                clone = copy.copy(data)
-                clone.update(pinned)
-                return clone
-            return type(data)(pinned)  # type: ignore[call-arg]
-        except TypeError:
-            return pinned
-    if isinstance(data, tuple):
-        if hasattr(data, "_fields"):  # a namedtuple
-            return type(data)(*(pin_batch(torch, item) for item in data))
-        return type(data)(pin_batch(torch, item) for item in data)
-    if isinstance(data, Sequence):
-        items = [pin_batch(torch, item) for item in data]
-        try:
-            if isinstance(data, MutableSequence):
-                sequence = copy.copy(data)
-                for index, item in enumerate(items):
-                    sequence[index] = item
-                return sequence
-            return type(data)(items)  # type: ignore[call-arg]
-        except TypeError:
-            return items
-    return data
 
 
 class EpochDraw:
@@ -316,11 +233,14 @@ class BaseIter:
 
     def _delivered(self, data: Any) -> Any:
         """The batch as the user gets it, whatever loaded it: copied into
-        torch's page-locked memory when pinning (NOTE [ Pinning by copy ]),
-        then in the types ``output`` asks for: leaves as the samples had them
-        (None), numpy arrays or tensors, sharing memory either way."""
+        torch's page-locked memory when pinning (NOTE [ Pinning by copy ] in
+        fastload._pinning; a worker iterator's batch was given to its pinning
+        thread as it became ready), then in the types ``output`` asks for:
+        leaves as the samples had them (None), numpy arrays or tensors,
+        sharing memory either way."""
         if self._pin_torch is not None:
-            data = pin_batch(self._pin_torch, data)
+            data = (data.result() if isinstance(data, PinnedLater)
+                    else pin_batch(self._pin_torch, data))
         if self._output is None:
             return data
         if self._output == "torch":

@@ -49,6 +49,7 @@ class MultiProcessingIter(WorkerIter):
         self._workers = self._group.processes
         self._dispatcher = ProcessDispatcher(loader, self._group, self._stats.workers,
                                              self._gathers_here, self._index_arrays)
+        self._dispatcher.table.pinner = self._pinner
         draw = self._epoch_draw()
         with self._errors_raised():
             self._dispatcher.begin_epoch(draw, progress)
@@ -164,3 +165,5 @@ class MultiProcessingIter(WorkerIter):
         """Shut the workers down for good: this iterator's epoch is over."""
         self.reusable = False
         self._group.shutdown()
+        if self._pinner is not None:
+            self._pinner.stop()

@@ -214,8 +214,8 @@ class ProcessDispatcher(SlotPolicy):
                 # A free slot means the pool is not at its cap: the batch
                 # keeps its slot without asking _keeps_slot (issue 18's
                 # main-loop budget).
-                if (not isinstance(batch, Failure) and (self._copy_out or not pool.free_slots)
-                        and not self._keeps_slot()):
+                if (task.lease is not None and not isinstance(batch, Failure)
+                        and (self._copy_out or not pool.free_slots) and not self._keeps_slot()):
                     # The user gets a private copy; the slot comes back now
                     # (the worker is done with it).
                     batch = copy_out(batch)

@@ -41,6 +41,9 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+from fastload._pinning import Pinner
+from fastload._worker_error import WorkerError
+
 
 class Task:
     """One batch a worker loads (see NOTE [ Task lifecycle ])."""
@@ -92,6 +95,8 @@ class TaskTable:
         self.stale: dict[int, Task] = {}
         # The current epoch's tasks in dispatch order, not yet delivered.
         self.order: list[int] = []
+        # Pins each batch as it becomes ready (pin_memory with workers).
+        self.pinner: Pinner | None = None
 
     def add(self, task: Task) -> int:
         """A new task, in flight; its id."""
@@ -103,7 +108,7 @@ class TaskTable:
         """A new task whose batch was made as it was sent (NOTE [ Small
         gathers ] in fastload._fast_path), ready at once; its id."""
         task_id = next(self._ids)
-        self.ready[task_id] = (task, result)
+        self.ready[task_id] = (task, self._pinned(task, result))
         return task_id
 
     def get(self, task_id: int) -> Task | None:
@@ -116,8 +121,18 @@ class TaskTable:
     def finish(self, task_id: int, result: Any) -> Task:
         """The worker answered task ``task_id`` (in flight) with ``result``."""
         task = self.in_flight.pop(task_id)
-        self.ready[task_id] = (task, result)
+        self.ready[task_id] = (task, self._pinned(task, result))
         return task
+
+    def _pinned(self, task: Task, result: Any) -> Any:
+        """``result``, or with a ``pinner`` a batch given to it (NOTE [
+        Pinning by copy ] in fastload._pinning), which then holds its slot
+        until it is pinned."""
+        if (self.pinner is None or result is STREAM_ENDED
+                or isinstance(result, (Failure, WorkerError))):
+            return result
+        task.lease = None
+        return self.pinner.submit(result)
 
     def answered_stale(self, task_id: int) -> Task | None:
         """A stale task's worker answered: the task is gone (its lease with it)."""

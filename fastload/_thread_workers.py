@@ -138,6 +138,7 @@ class ThreadIter(WorkerIter):
         self._results: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._warned_global_rng = False
         self._table = TaskTable()  # NOTE [ Task lifecycle ]
+        self._table.pinner = self._pinner
         self._round_robin = RoundRobin(loader)
         self._stats.workers = [WorkerStats() for _ in range(workers)]
         progress = self._progress
@@ -209,6 +210,8 @@ class ThreadIter(WorkerIter):
         """Stop the worker threads for good: this iterator's epoch is over."""
         self.reusable = False
         self._stop_all()
+        if self._pinner is not None:
+            self._pinner.stop()
 
     def _begin_epoch(self) -> None:
         self._table.order = []

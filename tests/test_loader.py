@@ -270,7 +270,7 @@ def test_default_samplers(xy):
 
 
 def test_pin_memory_without_accelerator_warns(xy, monkeypatch):
-    monkeypatch.setattr("fastload._iterator.torch_or_none", lambda: None)
+    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: None)
     with pytest.warns(UserWarning, match="no accelerator"):
         batches = list(DataLoader(ArrayDataset(*xy), batch_size=5, pin_memory=True))
     assert len(batches) == 2
@@ -347,7 +347,7 @@ def test_output_torch_without_torch_says_so(xy, monkeypatch):
 
 
 def test_pin_memory_device_is_deprecated(xy, monkeypatch):
-    monkeypatch.setattr("fastload._iterator.torch_or_none", lambda: None)
+    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: None)
     with pytest.warns(UserWarning) as record:
         iter(DataLoader(ArrayDataset(*xy), pin_memory=True, pin_memory_device="cuda"))
     assert any("pin_memory_device is deprecated" in str(w.message) for w in record)
@@ -372,7 +372,7 @@ def test_pinning_copies_every_numeric_array_and_keeps_structure(xy, monkeypatch)
         from_numpy=FakeTensor, Tensor=FakeTensor,
         accelerator=types.SimpleNamespace(is_available=lambda: True),
     )
-    monkeypatch.setattr("fastload._iterator.torch_or_none", lambda: fake_torch)
+    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: fake_torch)
     Pair = collections.namedtuple("Pair", "x y")
 
     def collate(samples):

@@ -3,11 +3,14 @@ memory as it delivers it, never a slot of shared memory (NOTE [ Pinning by
 copy ] in fastload._iterator)."""
 import collections
 import collections.abc
+import threading
+import time
 
 import numpy as np
 import pytest
 
 import fastload as fl
+from fastload._pinning import Pinner
 from fastload_c.slab import Lease
 
 PATHS = [dict(num_workers=0), dict(num_workers=2),
@@ -18,8 +21,9 @@ class FakePinning:
     """Stands in for torch with an accelerator: ``pin_memory()`` returns a
     copy, which it records as page-locked."""
 
-    def __init__(self):
+    def __init__(self, fails_for=None):
         self.pinned = []
+        self.threads = set()
         self.accelerator = type("Accelerator", (), {"is_available": staticmethod(lambda: True)})
         owner = self
 
@@ -28,6 +32,9 @@ class FakePinning:
                 self.array = array
 
             def pin_memory(self):
+                owner.threads.add(threading.current_thread().name)
+                if fails_for is not None and self.array.flat[0] == fails_for:
+                    raise RuntimeError(f"cannot pin the batch of sample {fails_for}")
                 copy = self.array.copy()
                 owner.pinned.append(copy)
                 return Tensor(copy)
@@ -63,7 +70,7 @@ def owners(array):
 @pytest.mark.parametrize("path", PATHS, ids=["0 workers", "processes", "threads"])
 def test_every_path_delivers_copies_in_pinned_memory(monkeypatch, path):
     pinning = FakePinning()
-    monkeypatch.setattr("fastload._iterator.torch_or_none", lambda: pinning)
+    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
     expected = list(fl.DataLoader(Records(), batch_size=5))
     got = list(fl.DataLoader(Records(), batch_size=5, pin_memory=True, **path))
     assert len(got) == len(expected) == 5
@@ -76,6 +83,46 @@ def test_every_path_delivers_copies_in_pinned_memory(monkeypatch, path):
             assert any(leaf is copy for copy in pinning.pinned)
             assert not any(isinstance(owner, Lease) for owner in owners(leaf))
     assert len(pinning.pinned) == 2 * len(got)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path", PATHS[1:], ids=["processes", "threads"])
+def test_workers_batches_are_pinned_on_a_thread_ahead_of_the_loop(monkeypatch, path):
+    pinning = FakePinning()
+    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
+    it = iter(fl.DataLoader(Records(), batch_size=4, pin_memory=True, **path))
+    next(it)
+    deadline = time.monotonic() + 30
+    while len(pinning.pinned) < 2 * 2 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the next batch is pinned while the loop holds this one
+    assert len(pinning.pinned) >= 2 * 2
+    assert pinning.threads == {"fastload-pin-memory"}
+    assert len(list(it)) == 5
+
+
+@pytest.mark.timeout(30)
+def test_a_pinner_pins_what_it_was_given_before_and_after_it_stopped():
+    pinning = FakePinning()
+    pinner = Pinner(pinning)
+    before = [pinner.submit(np.full(3, i)) for i in range(4)]
+    pinner.stop()
+    after = pinner.submit(np.full(2, 9))
+    assert after.done() and after.result().tolist() == [9, 9]  # in this thread
+    assert [p.result(timeout=10).tolist() for p in before] == [[i] * 3 for i in range(4)]
+    assert pinning.threads == {"fastload-pin-memory", threading.current_thread().name}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path", PATHS, ids=["0 workers", "processes", "threads"])
+def test_a_batch_that_cannot_be_pinned_raises_in_its_place(monkeypatch, path):
+    pinning = FakePinning(fails_for=8)  # the third batch of four samples
+    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
+    it = iter(fl.DataLoader(Records(), batch_size=4, pin_memory=True, **path))
+    firsts = [int(next(it)["x"][0, 0, 0]) for _ in range(2)]
+    with pytest.raises(RuntimeError, match="cannot pin the batch of sample 8"):
+        next(it)
+    firsts += [int(batch["x"][0, 0, 0]) for batch in it]
+    assert firsts == [0, 4, 12, 16, 20]
 
 
 class Encoding(collections.UserDict):
@@ -137,7 +184,7 @@ def structured(samples):
 @pytest.mark.parametrize("path", PATHS, ids=["0 workers", "processes", "threads"])
 def test_pinning_keeps_the_batchs_structure_as_torch_does(monkeypatch, path):
     pinning = FakePinning()
-    monkeypatch.setattr("fastload._iterator.torch_or_none", lambda: pinning)
+    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
     batch = next(iter(fl.DataLoader(Records(), batch_size=2, pin_memory=True,
                                     collate_fn=structured, **path)))
     # Mutable containers are shallow copies: their own attributes stay.
@@ -149,7 +196,6 @@ def test_pinning_keeps_the_batchs_structure_as_torch_does(monkeypatch, path):
     pinned = [batch["encoding"]["ids"], batch["tokens"][0], batch["frozen"][0],
               batch["mapping"]["mask"], batch["pair"][0]]
     assert all(any(leaf is copy for copy in pinning.pinned) for leaf in pinned)
-    assert len(pinning.pinned) == len(pinned)
 
 
 def cuda_available():

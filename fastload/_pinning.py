@@ -1,0 +1,147 @@
+"""pin_memory=True: which torch pins, how a batch is pinned, and the thread
+that pins worker iterators' batches ahead of their delivery.
+
+NOTE [ Pinning by copy ]
+pin_memory=True copies each batch into torch's page-locked memory, on
+every path: in the main thread as it is delivered without workers (as
+torch's single-process iterator does), and for worker processes and threads
+on a pinning thread as soon as the batch is ready (``Pinner``, fed by
+``TaskTable.finish``), as torch's pin-memory thread does, so the copy
+overlaps with the training loop. Worker processes' slots in shared memory
+could be pinned and registered with CUDA instead, sparing that copy, and
+fastload once did so; it is unsafe. ``x.to("cuda", non_blocking=True)``
+queues a copy that reads x when the GPU gets to it, which can be after the
+loop has dropped x and a worker has written a later batch into its slot.
+torch's host allocator guards its own memory: the copy records an event on
+the block it came from (found by its start address, also through a numpy
+view of it or torch.from_numpy of that view), and the block is reused only
+once the event has passed. A slot has no such guard. On an H100, with each
+copy queued behind 20 ms of GPU work, 19 of 24 batches from pinned slots
+reached the GPU overwritten by later ones, and none copied into torch's
+memory (tests/test_pinning.py's CUDA test does the same).
+"""
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+import weakref
+from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from fastload._torch import torch_or_none
+from fastload._warnings import warn_at_caller
+
+
+def pin_target(loader: Any) -> Any:
+    """torch when batches can and should be pinned, else None (with torch's
+    warnings when pinning was asked for but cannot happen)."""
+    if not loader.pin_memory:
+        return None
+    if loader.pin_memory_device:
+        warn_at_caller(
+            "pin_memory_device is deprecated, the current accelerator will be used "
+            f"as the device, ignore pin_memory_device='{loader.pin_memory_device}'."
+        )
+    torch = torch_or_none()
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None or not accelerator.is_available():
+        warn_at_caller(
+            "'pin_memory' argument is set as true but no accelerator is found, "
+            "then device pinned memory won't be used."
+        )
+        return None
+    return torch
+
+
+def pin_batch(torch: Any, data: Any) -> Any:
+    """``data`` with each numeric array and tensor copied into page-locked
+    memory: torch's pin_memory rules (an object with a ``pin_memory()``
+    method pins itself; mappings and sequences keep their type where it can
+    be rebuilt, mutable ones through a shallow copy that keeps any other
+    attribute), and numpy arrays stay numpy, viewing the pinned tensor."""
+    if isinstance(data, np.ndarray):
+        if data.dtype.kind not in "biufc":
+            return data
+        return torch.from_numpy(data).pin_memory().numpy()
+    if isinstance(data, torch.Tensor) or hasattr(data, "pin_memory"):
+        return data.pin_memory()
+    if isinstance(data, (str, bytes)):
+        return data
+    if isinstance(data, Mapping):
+        pinned = {key: pin_batch(torch, value) for key, value in data.items()}
+        try:
+            if isinstance(data, MutableMapping):
+                clone = copy.copy(data)
+                clone.update(pinned)
+                return clone
+            return type(data)(pinned)  # type: ignore[call-arg]
+        except TypeError:
+            return pinned
+    if isinstance(data, tuple):
+        if hasattr(data, "_fields"):  # a namedtuple
+            return type(data)(*(pin_batch(torch, item) for item in data))
+        return type(data)(pin_batch(torch, item) for item in data)
+    if isinstance(data, Sequence):
+        items = [pin_batch(torch, item) for item in data]
+        try:
+            if isinstance(data, MutableSequence):
+                sequence = copy.copy(data)
+                for index, item in enumerate(items):
+                    sequence[index] = item
+                return sequence
+            return type(data)(items)  # type: ignore[call-arg]
+        except TypeError:
+            return items
+    return data
+
+
+class PinnedLater(Future):  # type: ignore[type-arg]
+    """A ready batch being pinned by a Pinner: its ``result()`` is the pinned
+    batch, or raises what pinning raised."""
+
+
+class Pinner:
+    """A worker iterator's pinning thread (NOTE [ Pinning by copy ]),
+    started at the first batch, so that no thread runs yet when worker
+    processes are forked. It holds only its queue, and stops once the
+    Pinner is gone or ``stop()`` is called, after the batches given to it
+    before; one given to it after is pinned in the calling thread."""
+
+    def __init__(self, torch: Any) -> None:
+        self._torch = torch
+        self._jobs: queue.SimpleQueue[tuple[PinnedLater, Any] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.stop = weakref.finalize(self, self._jobs.put, None)
+
+    def submit(self, batch: Any) -> PinnedLater:
+        """The batch, pinned on the thread."""
+        pinned = PinnedLater()
+        if not self.stop.alive:
+            _pin(self._torch, pinned, batch)
+            return pinned
+        if self._thread is None:
+            self._thread = threading.Thread(target=_pin_jobs, args=(self._torch, self._jobs),
+                                            name="fastload-pin-memory", daemon=True)
+            self._thread.start()
+        self._jobs.put((pinned, batch))
+        return pinned
+
+
+def _pin_jobs(torch: Any, jobs: queue.SimpleQueue[tuple[PinnedLater, Any] | None]) -> None:
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        _pin(torch, *job)
+        del job  # the batch's slot is free once its views are gone
+
+
+def _pin(torch: Any, pinned: PinnedLater, batch: Any) -> None:
+    try:
+        pinned.set_result(pin_batch(torch, batch))
+    except BaseException as exc:  # the loop gets it at that batch, as without the thread
+        pinned.set_exception(exc)
