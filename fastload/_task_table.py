@@ -12,7 +12,10 @@ these states (for worker processes the table is the dispatcher's,
   ready       the worker answered: the batch (views of the slot), the
               exception it raised (``Failure``) or ``STREAM_ENDED`` (its iterable
               stream ran out). The slot lease moves into the batch (an
-              ended stream's, to the task sent in its place).
+              ended stream's, to the task sent in its place). With
+              pin_memory, a batch is handed to a pinning thread as it
+              becomes ready and is held as its ``PinnedLater`` (NOTE [
+              Pinning by copy ] in fastload._pinning).
   stale       in flight, but of an epoch given up (``iter()`` again before
               the end, a lookahead guess that was wrong): its answer is
               awaited only to release the slot, never delivered.
@@ -108,7 +111,9 @@ class TaskTable:
         """A new task whose batch was made as it was sent (NOTE [ Small
         gathers ] in fastload._fast_path), ready at once; its id."""
         task_id = next(self._ids)
-        self.ready[task_id] = (task, self._pinned(task, result))
+        if self.pinner is not None:
+            result = _pinned(self.pinner, task, result)
+        self.ready[task_id] = (task, result)
         return task_id
 
     def get(self, task_id: int) -> Task | None:
@@ -121,18 +126,10 @@ class TaskTable:
     def finish(self, task_id: int, result: Any) -> Task:
         """The worker answered task ``task_id`` (in flight) with ``result``."""
         task = self.in_flight.pop(task_id)
-        self.ready[task_id] = (task, self._pinned(task, result))
+        if self.pinner is not None:  # a call less per batch without (issue 18)
+            result = _pinned(self.pinner, task, result)
+        self.ready[task_id] = (task, result)
         return task
-
-    def _pinned(self, task: Task, result: Any) -> Any:
-        """``result``, or with a ``pinner`` a batch given to it (NOTE [
-        Pinning by copy ] in fastload._pinning), which then holds its slot
-        until it is pinned."""
-        if (self.pinner is None or result is STREAM_ENDED
-                or isinstance(result, (Failure, WorkerError))):
-            return result
-        task.lease = None
-        return self.pinner.submit(result)
 
     def answered_stale(self, task_id: int) -> Task | None:
         """A stale task's worker answered: the task is gone (its lease with it)."""
@@ -183,3 +180,12 @@ class TaskTable:
 
     def in_flight_per_worker(self) -> collections.Counter[int]:
         return collections.Counter(task.worker_id for task in self.in_flight.values())
+
+
+def _pinned(pinner: Pinner, task: Task, result: Any) -> Any:
+    """``result``, or a batch given to ``pinner`` (NOTE [ Pinning by copy ]
+    in fastload._pinning), which then holds its slot until it is pinned."""
+    if result is STREAM_ENDED or isinstance(result, (Failure, WorkerError)):
+        return result
+    task.lease = None
+    return pinner.submit(result)
