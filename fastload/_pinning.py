@@ -107,12 +107,17 @@ class PinnedLater(Future):  # type: ignore[type-arg]
 class Pinner:
     """A worker iterator's pinning thread (NOTE [ Pinning by copy ]),
     started at the first batch, so that no thread runs yet when worker
-    processes are forked. It holds only its queue, and stops once the
-    Pinner is gone or ``stop()`` is called, after the batches given to it
-    before; one given to it after is pinned in the calling thread."""
+    processes are forked. It pins for the accelerator that is current where
+    the Pinner is made (a new thread's would be the first one: with one
+    process per GPU, each would make a context on that GPU), with one
+    intra-op thread, as torch's pin-memory thread does. It holds only its
+    queue, and stops once the Pinner is gone or ``stop()`` is called, after
+    the batches given to it before; one given to it after is pinned in the
+    calling thread."""
 
     def __init__(self, torch: Any) -> None:
         self._torch = torch
+        self._device = torch.accelerator.current_device_index()
         self._jobs: queue.SimpleQueue[tuple[PinnedLater, Any] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.stop = weakref.finalize(self, self._jobs.put, None)
@@ -124,14 +129,18 @@ class Pinner:
             _pin(self._torch, pinned, batch)
             return pinned
         if self._thread is None:
-            self._thread = threading.Thread(target=_pin_jobs, args=(self._torch, self._jobs),
-                                            name="fastload-pin-memory", daemon=True)
+            self._thread = threading.Thread(
+                target=_pin_jobs, args=(self._torch, self._device, self._jobs),
+                name="fastload-pin-memory", daemon=True)
             self._thread.start()
         self._jobs.put((pinned, batch))
         return pinned
 
 
-def _pin_jobs(torch: Any, jobs: queue.SimpleQueue[tuple[PinnedLater, Any] | None]) -> None:
+def _pin_jobs(torch: Any, device: int,
+              jobs: queue.SimpleQueue[tuple[PinnedLater, Any] | None]) -> None:
+    torch.set_num_threads(1)  # this thread's: its copies take one core
+    torch.accelerator.set_device_index(device)
     while True:
         job = jobs.get()
         if job is None:

@@ -24,8 +24,25 @@ class FakePinning:
     def __init__(self, fails_for=None):
         self.pinned = []
         self.threads = set()
-        self.accelerator = type("Accelerator", (), {"is_available": staticmethod(lambda: True)})
+        self.settings = {}  # thread name -> (intra-op threads, device index)
         owner = self
+
+        class Accelerator:
+            device = 3
+
+            @staticmethod
+            def is_available():
+                return True
+
+            @staticmethod
+            def current_device_index():
+                return Accelerator.device
+
+            @staticmethod
+            def set_device_index(index):
+                owner.settings[threading.current_thread().name] += (index,)
+
+        self.accelerator = Accelerator
 
         class Tensor:
             def __init__(self, array):
@@ -43,6 +60,9 @@ class FakePinning:
                 return self.array
 
         self.Tensor = self.from_numpy = Tensor
+
+    def set_num_threads(self, count):
+        self.settings[threading.current_thread().name] = (count,)
 
 
 class Records(fl.Dataset):
@@ -97,6 +117,8 @@ def test_workers_batches_are_pinned_on_a_thread_ahead_of_the_loop(monkeypatch, p
         time.sleep(0.01)  # the next batch is pinned while the loop holds this one
     assert len(pinning.pinned) >= 2 * 2
     assert pinning.threads == {"fastload-pin-memory"}
+    # For the device current where the loop is, not the thread's first one.
+    assert pinning.settings == {"fastload-pin-memory": (1, 3)}
     assert len(list(it)) == 5
 
 
