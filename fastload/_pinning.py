@@ -22,11 +22,10 @@ memory (tests/test_pinning.py's CUDA test does the same).
 """
 from __future__ import annotations
 
-import copy
 import queue
 import threading
 import weakref
-from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -34,6 +33,7 @@ import numpy as np
 
 from fastload._torch import torch_or_none
 from fastload._warnings import warn_at_caller
+from fastload.collate import rebuild_mapping, rebuild_sequence
 
 
 def pin_target(loader: Any) -> Any:
@@ -72,30 +72,13 @@ def pin_batch(torch: Any, data: Any) -> Any:
     if isinstance(data, (str, bytes)):
         return data
     if isinstance(data, Mapping):
-        pinned = {key: pin_batch(torch, value) for key, value in data.items()}
-        try:
-            if isinstance(data, MutableMapping):
-                clone = copy.copy(data)
-                clone.update(pinned)
-                return clone
-            return type(data)(pinned)  # type: ignore[call-arg]
-        except TypeError:
-            return pinned
+        return rebuild_mapping(data, {key: pin_batch(torch, value) for key, value in data.items()})
     if isinstance(data, tuple):
         if hasattr(data, "_fields"):  # a namedtuple
             return type(data)(*(pin_batch(torch, item) for item in data))
         return type(data)(pin_batch(torch, item) for item in data)
     if isinstance(data, Sequence):
-        items = [pin_batch(torch, item) for item in data]
-        try:
-            if isinstance(data, MutableSequence):
-                sequence = copy.copy(data)
-                for index, item in enumerate(items):
-                    sequence[index] = item
-                return sequence
-            return type(data)(items)  # type: ignore[call-arg]
-        except TypeError:
-            return items
+        return rebuild_sequence(data, [pin_batch(torch, item) for item in data])
     return data
 
 
