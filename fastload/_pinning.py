@@ -101,7 +101,7 @@ class Pinner:
     def __init__(self, torch: Any) -> None:
         self._torch = torch
         self._device = torch.accelerator.current_device_index()
-        self._jobs: queue.SimpleQueue[tuple[PinnedLater, Any] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[list[Any] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.stop = weakref.finalize(self, self._jobs.put, None)
 
@@ -109,31 +109,39 @@ class Pinner:
         """The batch, pinned on the thread."""
         pinned = PinnedLater()
         if not self.stop.alive:
-            _pin(self._torch, pinned, batch)
+            _pin(self._torch, [pinned, batch])
             return pinned
         if self._thread is None:
             self._thread = threading.Thread(
                 target=_pin_jobs, args=(self._torch, self._device, self._jobs),
                 name="fastload-pin-memory", daemon=True)
             self._thread.start()
-        self._jobs.put((pinned, batch))
+        self._jobs.put([pinned, batch])
         return pinned
 
 
 def _pin_jobs(torch: Any, device: int,
-              jobs: queue.SimpleQueue[tuple[PinnedLater, Any] | None]) -> None:
+              jobs: queue.SimpleQueue[list[Any] | None]) -> None:
     torch.set_num_threads(1)  # this thread's: its copies take one core
     torch.accelerator.set_device_index(device)
     while True:
         job = jobs.get()
         if job is None:
             return
-        _pin(torch, *job)
-        del job  # the batch's slot is free once its views are gone
+        _pin(torch, job)
 
 
-def _pin(torch: Any, pinned: PinnedLater, batch: Any) -> None:
+def _pin(torch: Any, job: list[Any]) -> None:
+    """Pin ``job``'s batch into its PinnedLater. The batch is dropped first,
+    so that its slot is free once the PinnedLater is done (a loader at its
+    pool's cap waits for that, _process_slots)."""
+    pinned, batch = job
+    job.clear()
     try:
-        pinned.set_result(pin_batch(torch, batch))
+        result = pin_batch(torch, batch)
     except BaseException as exc:  # the loop gets it at that batch, as without the thread
+        del batch
         pinned.set_exception(exc)
+    else:
+        del batch
+        pinned.set_result(result)

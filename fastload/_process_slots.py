@@ -38,9 +38,11 @@ is loading (``_acquire_at_cap``).
 from __future__ import annotations
 
 import pickle
+from concurrent import futures
 from typing import TYPE_CHECKING, Any
 
 from fastload._dispatch import deadline_after
+from fastload._pinning import PinnedLater
 from fastload._protocol import RESLOT
 from fastload._task_table import STREAM_ENDED, Failure, Task, TaskTable
 from fastload.errors import ShmError
@@ -160,9 +162,13 @@ class SlotPolicy:
 
     def _copy_ready_batch_out(self) -> bool:
         """Copy one batch waiting to be delivered out of its slot, which is
-        then free; whether there was one."""
+        then free, or wait until one being pinned is (NOTE [ Pinning by
+        copy ]); whether there was one."""
         ready = self.table.ready
         for task_id, (task, batch) in ready.items():
+            if isinstance(batch, PinnedLater) and not batch.done():
+                futures.wait([batch])  # its slot is free once it is pinned
+                return True
             if task.lease is not None and not isinstance(batch, Failure) \
                     and batch is not STREAM_ENDED:
                 ready[task_id] = (task, copy_out(batch))

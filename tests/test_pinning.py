@@ -21,7 +21,7 @@ class FakePinning:
     """Stands in for torch with an accelerator: ``pin_memory()`` returns a
     copy, which it records as page-locked."""
 
-    def __init__(self, fails_for=None):
+    def __init__(self, fails_for=None, seconds=0.0):
         self.pinned = []
         self.threads = set()
         self.settings = {}  # thread name -> (intra-op threads, device index)
@@ -50,6 +50,7 @@ class FakePinning:
 
             def pin_memory(self):
                 owner.threads.add(threading.current_thread().name)
+                time.sleep(seconds)
                 if fails_for is not None and self.array.flat[0] == fails_for:
                     raise RuntimeError(f"cannot pin the batch of sample {fails_for}")
                 copy = self.array.copy()
@@ -145,6 +146,31 @@ def test_a_batch_that_cannot_be_pinned_raises_in_its_place(monkeypatch, path):
         next(it)
     firsts += [int(batch["x"][0, 0, 0]) for batch in it]
     assert firsts == [0, 4, 12, 16, 20]
+
+
+class Big(fl.Dataset):
+    """Samples of 512 KiB, each filled with its index."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return np.full((128, 1024), i, np.float32)
+
+
+@pytest.mark.timeout(120)
+def test_at_the_pools_cap_batches_waiting_to_be_pinned_arrive_whole(monkeypatch):
+    # Four slots of 1 MiB under the cap and a slow pinning thread: ready
+    # batches hold their slots until pinned, later tasks get those slots
+    # once they are free, and no batch is overwritten or lost.
+    import fastload._memory as memory
+
+    monkeypatch.setattr(memory, "default_max_bytes", lambda: 4 << 20)
+    pinning = FakePinning(seconds=0.05)
+    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
+    held = list(fl.DataLoader(Big(), batch_size=1, num_workers=2, pin_memory=True))
+    assert [int(batch[0, 0, 0]) for batch in held] == list(range(12))
+    assert all((batch == batch[0, 0, 0]).all() for batch in held)
 
 
 class Encoding(collections.UserDict):
