@@ -89,18 +89,18 @@ class PinnedLater(Future):  # type: ignore[type-arg]
 
 class Pinner:
     """A worker iterator's pinning thread (NOTE [ Pinning by copy ]),
-    started at the first batch, so that no thread runs yet when worker
-    processes are forked. It pins for the accelerator that is current where
-    the Pinner is made (a new thread's would be the first one: with one
-    process per GPU, each would make a context on that GPU), with one
-    intra-op thread, as torch's pin-memory thread does. It holds only its
-    queue, and stops once the Pinner is gone or ``stop()`` is called, after
-    the batches given to it before; one given to it after is pinned in the
-    calling thread."""
+    started at the first batch, once worker processes are forked: no thread
+    runs then, and asking for the current device, which starts CUDA, comes
+    after the fork, as in torch. It pins for the accelerator that is current
+    in the thread that gives it batches (a new thread's would be the first
+    one: with one process per GPU, each would make a context on that GPU),
+    with one intra-op thread, as torch's pin-memory thread does. It holds
+    only its queue, and stops once the Pinner is gone or ``stop()`` is
+    called, after the batches given to it before; one given to it after is
+    pinned in the calling thread."""
 
     def __init__(self, torch: Any) -> None:
         self._torch = torch
-        self._device = torch.accelerator.current_device_index()
         self._jobs: queue.SimpleQueue[list[Any] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.stop = weakref.finalize(self, self._jobs.put, None)
@@ -112,8 +112,9 @@ class Pinner:
             _pin(self._torch, [pinned, batch])
             return pinned
         if self._thread is None:
+            device = self._torch.accelerator.current_device_index()
             self._thread = threading.Thread(
-                target=_pin_jobs, args=(self._torch, self._device, self._jobs),
+                target=_pin_jobs, args=(self._torch, device, self._jobs),
                 name="fastload-pin-memory", daemon=True)
             self._thread.start()
         self._jobs.put([pinned, batch])
