@@ -75,7 +75,8 @@ lookahead's reads.
   fastload_c.shm and fastload_c.proc are used by the main thread only;
   two places rely on the GIL for correctness, so fastload_c.slab and
   fastload_c.pack do not declare it: the slab pool's free stacks (a worker
-  thread takes a slot while another thread may drop the last view of
+  thread takes a slot while another thread, the pinning thread too (NOTE
+  [ Pinning by copy ] in fastload._pinning), may drop the last view of
   another, each a few unlocked C statements that the GIL keeps apart; the
   threads' takes are also under ``ThreadSlots``' lock, since growing the
   pool releases the GIL), and pack's
