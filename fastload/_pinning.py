@@ -96,8 +96,9 @@ class Pinner:
     one: with one process per GPU, each would make a context on that GPU),
     with one intra-op thread, as torch's pin-memory thread does. It holds
     only its queue, and stops once the Pinner is gone or ``stop()`` is
-    called, after the batches given to it before; one given to it after is
-    pinned in the calling thread."""
+    called, after the batches given to it before; one given to it after,
+    or when no thread could be started, is pinned in the calling thread.
+    ``submit`` never raises: a batch it cannot pin raises in its place."""
 
     def __init__(self, torch: Any) -> None:
         self._torch = torch
@@ -108,28 +109,51 @@ class Pinner:
     def submit(self, batch: Any) -> PinnedLater:
         """The batch, pinned on the thread."""
         pinned = PinnedLater()
+        if self._thread is None and self.stop.alive:
+            self._start()
         if not self.stop.alive:
             _pin(self._torch, [pinned, batch])
             return pinned
-        if self._thread is None:
-            device = self._torch.accelerator.current_device_index()
-            self._thread = threading.Thread(
-                target=_pin_jobs, args=(self._torch, device, self._jobs),
-                name="fastload-pin-memory", daemon=True)
-            self._thread.start()
         self._jobs.put([pinned, batch])
         return pinned
 
+    def _start(self) -> None:
+        try:
+            device: int | BaseException = self._torch.accelerator.current_device_index()
+        except Exception as exc:  # each batch raises it, in its place
+            device = exc
+        thread = threading.Thread(target=_pin_jobs, args=(self._torch, device, self._jobs),
+                                  name="fastload-pin-memory", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to be had: pin in the calling thread
+            self.stop()
+            return
+        self._thread = thread
 
-def _pin_jobs(torch: Any, device: int,
+
+def _pin_jobs(torch: Any, device: int | BaseException,
               jobs: queue.SimpleQueue[list[Any] | None]) -> None:
-    torch.set_num_threads(1)  # this thread's: its copies take one core
-    torch.accelerator.set_device_index(device)
+    failure = device if isinstance(device, BaseException) else None
+    if failure is None:
+        try:
+            torch.set_num_threads(1)  # this thread's: its copies take one core
+            torch.accelerator.set_device_index(device)
+        except Exception as exc:
+            failure = exc
     while True:
         job = jobs.get()
         if job is None:
             return
-        _pin(torch, job)
+        if failure is None:
+            _pin(torch, job)
+        else:
+            pinned = job[0]
+            job.clear()
+            error = RuntimeError(f"cannot pin batches for the accelerator: {failure!r}")
+            error.__cause__ = failure
+            pinned.set_exception(error)
+            del pinned
 
 
 def _pin(torch: Any, job: list[Any]) -> None:

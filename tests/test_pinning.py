@@ -123,6 +123,22 @@ def test_workers_batches_are_pinned_on_a_thread_ahead_of_the_loop(monkeypatch, p
     assert len(list(it)) == 5
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path", PATHS[1:], ids=["processes", "threads"])
+def test_a_pinning_thread_that_cannot_set_its_device_fails_each_batch_not_hangs(
+        monkeypatch, path):
+    pinning = FakePinning()
+    del pinning.accelerator.current_device_index  # as on a torch without it
+    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
+    it = iter(fl.DataLoader(Records(), batch_size=5, pin_memory=True, **path))
+    for _ in range(5):
+        with pytest.raises(RuntimeError, match="cannot pin batches .*current_device_index"):
+            next(it)
+    with pytest.raises(StopIteration):
+        next(it)
+    assert pinning.pinned == []
+
+
 @pytest.mark.timeout(30)
 def test_a_pinner_pins_what_it_was_given_before_and_after_it_stopped():
     pinning = FakePinning()
