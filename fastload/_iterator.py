@@ -294,12 +294,12 @@ class SingleProcessIter(BaseIter):
     """Fetches and collates each batch in the calling thread."""
 
     def __init__(self, loader: Any, resume: LoaderState | None) -> None:
-        if loader.timeout != 0:
+        super().__init__(loader, resume, index_arrays=reads_index_arrays(loader))
+        if self._timeout != 0:
             raise InvalidArgumentError(
-                f"timeout={loader.timeout} needs worker processes (num_workers > 0); "
+                f"timeout={self._timeout} needs worker processes (num_workers > 0); "
                 "loading in the main process cannot time out"
             )
-        super().__init__(loader, resume, index_arrays=reads_index_arrays(loader))
         self._draw = self._epoch_draw()
         if _datapipes.is_datapipe(self._dataset):
             _datapipes.prepare(self._dataset, self._pipe_seed(), num_workers=0, worker_id=0)

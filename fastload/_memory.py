@@ -3,7 +3,7 @@
 fastload_c provides the mechanism (SlabPool); this module decides how large
 the slab pool may grow, how large its first slots are, and which slots stay
 unmapped while free. Pinning is not done here: the slots are never pinned
-(NOTE [ Pinning by copy ] in fastload._iterator).
+(NOTE [ Pinning by copy ] in fastload._pinning).
 """
 from __future__ import annotations
 

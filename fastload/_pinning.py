@@ -22,10 +22,13 @@ memory (tests/test_pinning.py's CUDA test does the same).
 """
 from __future__ import annotations
 
+import collections
 import queue
 import threading
+import traceback
 import weakref
 from collections.abc import Mapping, Sequence
+from concurrent import futures
 from concurrent.futures import Future
 from typing import Any
 
@@ -86,6 +89,16 @@ class PinnedLater(Future):  # type: ignore[type-arg]
     """A ready batch being pinned by a Pinner: its ``result()`` is the pinned
     batch, or raises what pinning raised."""
 
+    def __init__(self, batch: Any) -> None:
+        super().__init__()
+        self._batch = batch
+
+    def discard(self) -> None:
+        """Give the batch up (an abandoned epoch's): not pinned if that has
+        not begun, and its slot free at once. One being pinned finishes."""
+        if self.cancel():  # the Future's lock: the pinning has not begun
+            self._batch = None
+
 
 class Pinner:
     """A worker iterator's pinning thread (NOTE [ Pinning by copy ]),
@@ -102,20 +115,39 @@ class Pinner:
 
     def __init__(self, torch: Any) -> None:
         self._torch = torch
-        self._jobs: queue.SimpleQueue[list[Any] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[PinnedLater | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        # What was given to the thread and is not pinned yet, oldest first;
+        # each holds its batch's slot until then.
+        self._pending: collections.deque[PinnedLater] = collections.deque()
         self.stop = weakref.finalize(self, self._jobs.put, None)
 
     def submit(self, batch: Any) -> PinnedLater:
         """The batch, pinned on the thread."""
-        pinned = PinnedLater()
+        pinned = PinnedLater(batch)
+        del batch
         if self._thread is None and self.stop.alive:
             self._start()
         if not self.stop.alive:
-            _pin(self._torch, [pinned, batch])
+            _pin(self._torch, pinned)
             return pinned
-        self._jobs.put([pinned, batch])
+        pending = self._pending
+        while pending and pending[0].done():
+            pending.popleft()
+        pending.append(pinned)
+        self._jobs.put(pinned)
         return pinned
+
+    def wait_for_one(self) -> bool:
+        """Wait until the oldest batch not pinned yet is (its slot is then
+        free); whether there was one."""
+        pending = self._pending
+        while pending:
+            oldest = pending.popleft()
+            if not oldest.done():
+                futures.wait([oldest])
+                return True
+        return False
 
     def _start(self) -> None:
         try:
@@ -133,7 +165,7 @@ class Pinner:
 
 
 def _pin_jobs(torch: Any, device: int | BaseException,
-              jobs: queue.SimpleQueue[list[Any] | None]) -> None:
+              jobs: queue.SimpleQueue[PinnedLater | None]) -> None:
     failure = device if isinstance(device, BaseException) else None
     if failure is None:
         try:
@@ -142,30 +174,32 @@ def _pin_jobs(torch: Any, device: int | BaseException,
         except Exception as exc:
             failure = exc
     while True:
-        job = jobs.get()
-        if job is None:
+        pinned = jobs.get()
+        if pinned is None:
             return
         if failure is None:
-            _pin(torch, job)
-        else:
-            pinned = job[0]
-            job.clear()
+            _pin(torch, pinned)
+        elif pinned.set_running_or_notify_cancel():
+            pinned._batch = None
             error = RuntimeError(f"cannot pin batches for the accelerator: {failure!r}")
             error.__cause__ = failure
             pinned.set_exception(error)
-            del pinned
+        del pinned
 
 
-def _pin(torch: Any, job: list[Any]) -> None:
-    """Pin ``job``'s batch into its PinnedLater. The batch is dropped first,
-    so that its slot is free once the PinnedLater is done (a loader at its
-    pool's cap waits for that, _process_slots)."""
-    pinned, batch = job
-    job.clear()
+def _pin(torch: Any, pinned: PinnedLater) -> None:
+    """Pin ``pinned``'s batch into it, unless it was discarded. The batch is
+    dropped before ``pinned`` is done, so that its slot is free by then (a
+    loader at its pool's cap waits for that, _process_slots)."""
+    if not pinned.set_running_or_notify_cancel():
+        return  # discarded: its batch is gone already
+    batch, pinned._batch = pinned._batch, None
     try:
         result = pin_batch(torch, batch)
     except BaseException as exc:  # the loop gets it at that batch, as without the thread
         del batch
+        # The frames keep their lines for the traceback, not the batch.
+        traceback.clear_frames(exc.__traceback__)
         pinned.set_exception(exc)
     else:
         del batch

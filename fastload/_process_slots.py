@@ -38,11 +38,9 @@ is loading (``_acquire_at_cap``).
 from __future__ import annotations
 
 import pickle
-from concurrent import futures
 from typing import TYPE_CHECKING, Any
 
 from fastload._dispatch import deadline_after
-from fastload._pinning import PinnedLater
 from fastload._protocol import RESLOT
 from fastload._task_table import STREAM_ENDED, Failure, Task, TaskTable
 from fastload.errors import ShmError
@@ -161,14 +159,14 @@ class SlotPolicy:
         return any(not task.awaits_slot for _, task in self._loaded_next().values())
 
     def _copy_ready_batch_out(self) -> bool:
-        """Copy one batch waiting to be delivered out of its slot, which is
-        then free, or wait until one being pinned is (NOTE [ Pinning by
-        copy ]); whether there was one."""
+        """Wait until a batch being pinned is (NOTE [ Pinning by copy ]), or
+        copy one waiting to be delivered out of its slot: either slot is
+        then free; whether there was one."""
+        pinner = self.table.pinner
+        if pinner is not None and pinner.wait_for_one():
+            return True  # its slot is free once it is pinned
         ready = self.table.ready
         for task_id, (task, batch) in ready.items():
-            if isinstance(batch, PinnedLater) and not batch.done():
-                futures.wait([batch])  # its slot is free once it is pinned
-                return True
             if task.lease is not None and not isinstance(batch, Failure) \
                     and batch is not STREAM_ENDED:
                 ready[task_id] = (task, copy_out(batch))

@@ -44,7 +44,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from fastload._pinning import Pinner
+from fastload._pinning import PinnedLater, Pinner
 from fastload._worker_error import WorkerError
 
 
@@ -171,12 +171,15 @@ class TaskTable:
 
     def abandon(self, task_ids: list[int]) -> None:
         """Give tasks up: those in flight become stale (their slots stay
-        leased until the worker answers), ready ones are dropped."""
+        leased until the worker answers), ready ones are dropped (not pinned,
+        if their pinning had not begun)."""
         for task_id in task_ids:
             task = self.in_flight.pop(task_id, None)
             if task is not None:
                 self.stale[task_id] = task
-            self.ready.pop(task_id, None)
+            result = self.ready.pop(task_id, (None, None))[1]
+            if isinstance(result, PinnedLater):
+                result.discard()
 
     def in_flight_per_worker(self) -> collections.Counter[int]:
         return collections.Counter(task.worker_id for task in self.in_flight.values())

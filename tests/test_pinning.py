@@ -1,6 +1,6 @@
 """pin_memory=True: every path copies each batch into torch's page-locked
 memory as it delivers it, never a slot of shared memory (NOTE [ Pinning by
-copy ] in fastload._iterator)."""
+copy ] in fastload._pinning)."""
 import collections
 import collections.abc
 import threading
@@ -187,6 +187,60 @@ def test_at_the_pools_cap_batches_waiting_to_be_pinned_arrive_whole(monkeypatch)
     held = list(fl.DataLoader(Big(), batch_size=1, num_workers=2, pin_memory=True))
     assert [int(batch[0, 0, 0]) for batch in held] == list(range(12))
     assert all((batch == batch[0, 0, 0]).all() for batch in held)
+
+
+@pytest.mark.timeout(120)
+def test_a_new_epoch_at_the_pools_cap_does_not_wait_on_batches_it_gave_up(monkeypatch):
+    # Rows gathered by the main process into a 16 KiB pool, pinned slowly:
+    # iter() again gives up the ready batches still to be pinned, whose
+    # slots the new epoch needs at once, with no task in flight.
+    import fastload._memory as memory
+
+    monkeypatch.setattr(memory, "default_max_bytes", lambda: 16 << 10)
+    pinning = FakePinning(seconds=0.05)
+    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
+    rows = np.arange(64 * 256, dtype=np.float32).reshape(64, 256)
+    loader = fl.DataLoader(fl.ArrayDataset(rows), batch_size=4, num_workers=2,
+                           pin_memory=True, persistent_workers=True)
+    for _ in range(3):
+        batch = next(iter(loader))
+        np.testing.assert_array_equal(batch[0], rows[:4])
+    assert len(list(loader)) == 16
+
+
+@pytest.mark.timeout(120)
+def test_iter_again_and_again_does_not_grow_the_pool_for_batches_given_up(monkeypatch):
+    pinning = FakePinning(seconds=0.2)
+    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
+    loader = fl.DataLoader(Big(), batch_size=1, num_workers=2, pin_memory=True,
+                           persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    for _ in range(15):
+        it = iter(loader)
+        time.sleep(0.05)
+    pool = it._group.pool
+    # Unpinned, the same run ends with 6 slots: 2 per worker in flight and
+    # what the stale tasks of the last epoch still hold.
+    assert pool.nbytes // pool.slot_size <= 8
+    assert [int(batch[0, 0, 0]) for batch in it] == list(range(12))
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_that_failed_to_pin_holds_no_slot(monkeypatch):
+    pinning = FakePinning(fails_for=0)
+    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
+    it = iter(fl.DataLoader(Big(), batch_size=1, num_workers=2, pin_memory=True))
+    deadline = time.monotonic() + 30
+    while len(pinning.pinned) < 3 and time.monotonic() < deadline:
+        it._dispatcher._drain()  # the answers of the 4 tasks sent, as next() would
+        time.sleep(0.01)
+    time.sleep(0.2)  # the last pin's slot is free just after it is recorded
+    # The failure's traceback keeps its lines, not the batch's views.
+    assert it.stats().slots_leased == 0
+    with pytest.raises(RuntimeError, match="cannot pin the batch of sample 0"):
+        next(it)
+    assert [int(batch[0, 0, 0]) for batch in it] == list(range(1, 12))
 
 
 class Encoding(collections.UserDict):
