@@ -177,24 +177,21 @@ def _pin_jobs(torch: Any, device: int | BaseException,
         pinned = jobs.get()
         if pinned is None:
             return
-        if failure is None:
-            _pin(torch, pinned)
-        elif pinned.set_running_or_notify_cancel():
-            pinned._batch = None
-            error = RuntimeError(f"cannot pin batches for the accelerator: {failure!r}")
-            error.__cause__ = failure
-            pinned.set_exception(error)
+        _pin(torch, pinned, failure)
         del pinned
 
 
-def _pin(torch: Any, pinned: PinnedLater) -> None:
-    """Pin ``pinned``'s batch into it, unless it was discarded. The batch is
-    dropped before ``pinned`` is done, so that its slot is free by then (a
-    loader at its pool's cap waits for that, _process_slots)."""
+def _pin(torch: Any, pinned: PinnedLater, failure: BaseException | None = None) -> None:
+    """Pin ``pinned``'s batch into it, unless it was discarded; with
+    ``failure`` (the thread could not be set up), fail it with that. The
+    batch is dropped before ``pinned`` is done, so that its slot is free by
+    then (a loader at its pool's cap waits for that, _process_slots)."""
     if not pinned.set_running_or_notify_cancel():
         return  # discarded: its batch is gone already
     batch, pinned._batch = pinned._batch, None
     try:
+        if failure is not None:
+            raise RuntimeError(f"cannot pin batches for the accelerator: {failure!r}") from failure
         result = pin_batch(torch, batch)
     except BaseException as exc:  # the loop gets it at that batch, as without the thread
         del batch
