@@ -66,6 +66,13 @@ class FakePinning:
         self.settings[threading.current_thread().name] = (count,)
 
 
+def pinning_with(monkeypatch, **options):
+    """A FakePinning that fastload pins with in this test."""
+    pinning = FakePinning(**options)
+    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
+    return pinning
+
+
 class Records(fl.Dataset):
     def __len__(self):
         return 24
@@ -90,8 +97,7 @@ def owners(array):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("path", PATHS, ids=["0 workers", "processes", "threads"])
 def test_every_path_delivers_copies_in_pinned_memory(monkeypatch, path):
-    pinning = FakePinning()
-    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
+    pinning = pinning_with(monkeypatch)
     expected = list(fl.DataLoader(Records(), batch_size=5))
     got = list(fl.DataLoader(Records(), batch_size=5, pin_memory=True, **path))
     assert len(got) == len(expected) == 5
@@ -109,8 +115,7 @@ def test_every_path_delivers_copies_in_pinned_memory(monkeypatch, path):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("path", PATHS[1:], ids=["processes", "threads"])
 def test_workers_batches_are_pinned_on_a_thread_ahead_of_the_loop(monkeypatch, path):
-    pinning = FakePinning()
-    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
+    pinning = pinning_with(monkeypatch)
     it = iter(fl.DataLoader(Records(), batch_size=4, pin_memory=True, **path))
     next(it)
     deadline = time.monotonic() + 30
@@ -127,9 +132,8 @@ def test_workers_batches_are_pinned_on_a_thread_ahead_of_the_loop(monkeypatch, p
 @pytest.mark.parametrize("path", PATHS[1:], ids=["processes", "threads"])
 def test_a_pinning_thread_that_cannot_set_its_device_fails_each_batch_not_hangs(
         monkeypatch, path):
-    pinning = FakePinning()
+    pinning = pinning_with(monkeypatch)
     del pinning.accelerator.current_device_index  # as on a torch without it
-    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
     it = iter(fl.DataLoader(Records(), batch_size=5, pin_memory=True, **path))
     for _ in range(5):
         with pytest.raises(RuntimeError, match="cannot pin batches .*current_device_index"):
@@ -154,8 +158,7 @@ def test_a_pinner_pins_what_it_was_given_before_and_after_it_stopped():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("path", PATHS, ids=["0 workers", "processes", "threads"])
 def test_a_batch_that_cannot_be_pinned_raises_in_its_place(monkeypatch, path):
-    pinning = FakePinning(fails_for=8)  # the third batch of four samples
-    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
+    pinning_with(monkeypatch, fails_for=8)  # the third batch of four samples
     it = iter(fl.DataLoader(Records(), batch_size=4, pin_memory=True, **path))
     firsts = [int(next(it)["x"][0, 0, 0]) for _ in range(2)]
     with pytest.raises(RuntimeError, match="cannot pin the batch of sample 8"):
@@ -182,8 +185,7 @@ def test_at_the_pools_cap_batches_waiting_to_be_pinned_arrive_whole(monkeypatch)
     import fastload._memory as memory
 
     monkeypatch.setattr(memory, "default_max_bytes", lambda: 4 << 20)
-    pinning = FakePinning(seconds=0.05)
-    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
+    pinning_with(monkeypatch, seconds=0.05)
     held = list(fl.DataLoader(Big(), batch_size=1, num_workers=2, pin_memory=True))
     assert [int(batch[0, 0, 0]) for batch in held] == list(range(12))
     assert all((batch == batch[0, 0, 0]).all() for batch in held)
@@ -197,8 +199,7 @@ def test_a_new_epoch_at_the_pools_cap_does_not_wait_on_batches_it_gave_up(monkey
     import fastload._memory as memory
 
     monkeypatch.setattr(memory, "default_max_bytes", lambda: 16 << 10)
-    pinning = FakePinning(seconds=0.05)
-    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
+    pinning_with(monkeypatch, seconds=0.05)
     rows = np.arange(64 * 256, dtype=np.float32).reshape(64, 256)
     loader = fl.DataLoader(fl.ArrayDataset(rows), batch_size=4, num_workers=2,
                            pin_memory=True, persistent_workers=True)
@@ -210,8 +211,7 @@ def test_a_new_epoch_at_the_pools_cap_does_not_wait_on_batches_it_gave_up(monkey
 
 @pytest.mark.timeout(120)
 def test_iter_again_and_again_does_not_grow_the_pool_for_batches_given_up(monkeypatch):
-    pinning = FakePinning(seconds=0.2)
-    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
+    pinning_with(monkeypatch, seconds=0.2)
     loader = fl.DataLoader(Big(), batch_size=1, num_workers=2, pin_memory=True,
                            persistent_workers=True)
     it = iter(loader)
@@ -228,8 +228,7 @@ def test_iter_again_and_again_does_not_grow_the_pool_for_batches_given_up(monkey
 
 @pytest.mark.timeout(60)
 def test_a_batch_that_failed_to_pin_holds_no_slot(monkeypatch):
-    pinning = FakePinning(fails_for=0)
-    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
+    pinning = pinning_with(monkeypatch, fails_for=0)
     it = iter(fl.DataLoader(Big(), batch_size=1, num_workers=2, pin_memory=True))
     deadline = time.monotonic() + 30
     while len(pinning.pinned) < 3 and time.monotonic() < deadline:
@@ -301,8 +300,7 @@ def structured(samples):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("path", PATHS, ids=["0 workers", "processes", "threads"])
 def test_pinning_keeps_the_batchs_structure_as_torch_does(monkeypatch, path):
-    pinning = FakePinning()
-    monkeypatch.setattr("fastload._pinning.torch_or_none", lambda: pinning)
+    pinning = pinning_with(monkeypatch)
     batch = next(iter(fl.DataLoader(Records(), batch_size=2, pin_memory=True,
                                     collate_fn=structured, **path)))
     # Mutable containers are shallow copies: their own attributes stay.
