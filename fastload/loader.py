@@ -34,6 +34,7 @@ from fastload._torch_draws import (
     resumable,
     unresumable_sampler,
 )
+from fastload._torchdata_layout import fastload_fields, torchdata_keys
 from fastload._warnings import warn_at_caller
 from fastload.collate import default_collate, default_convert, engine_collation
 from fastload.dataset import Dataset, _is_iterable_dataset
@@ -407,6 +408,9 @@ class DataLoader(Generic[T_co]):
         and dataset states inside are the snapshots themselves, not copies:
         treat the dict as read-only (or copy it) if the loader runs on."""
         state = _checkpoint.capture(self)
+        # torchdata's keys too, for code that reads its layout (NOTE
+        # [ torchdata's keys ] in fastload._torchdata_layout).
+        state.update(torchdata_keys(state, self.num_workers))
         if self._unresumable is not None:
             state[UNRESUMABLE_SAMPLER] = self._unresumable
         return state
@@ -423,7 +427,7 @@ class DataLoader(Generic[T_co]):
         AssertionError), and at every ``iter()`` until another state is
         loaded."""
         refuse_unresumable(state)
-        self._resume_state, self._resume_restored = _checkpoint.load(self, state)
+        self._resume_state, self._resume_restored = _checkpoint.load(self, fastload_fields(state))
 
     def __len__(self) -> int:
         if self._dataset_kind is DatasetKind.ITERABLE:
