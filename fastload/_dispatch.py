@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fastload._fast_path import BatchWriter, small_gathers
-from fastload._iterator import BaseIter
+from fastload._iterator import BaseIter, timed_out
 from fastload._loader_state import LoaderState
 from fastload._pinning import Pinner
 from fastload._progress import Progress
@@ -36,7 +36,7 @@ def wait_seconds(deadline: float | None, poll: float, timeout: float) -> float:
         return poll
     remaining = deadline - time.monotonic()
     if remaining <= 0:
-        raise RuntimeError(f"DataLoader timed out after {timeout} seconds")
+        raise timed_out(timeout)
     return min(remaining, poll)
 
 
@@ -115,6 +115,13 @@ class WorkerIter(BaseIter):
         # Pins the batches on a thread as they become ready (NOTE [ Pinning
         # by copy ] in fastload._pinning); the subclass gives it its table.
         self._pinner = None if self._pin_torch is None else Pinner(self._pin_torch)
+
+    def _stop_pinning(self) -> None:
+        """This iterator's epochs are over: its pinning thread stops, once
+        it has finished the copy it is making (NOTE [ Pinning by copy ])."""
+        if self._pinner is not None:
+            self._forget_awaited_pin()
+            self._pinner.stop()
 
     def _deadline(self) -> float | None:
         """When a wait that starts now must end (``timeout``), if ever."""

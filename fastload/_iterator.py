@@ -131,6 +131,8 @@ class BaseIter:
         self._index_arrays = index_arrays and draws_arrays(self._index_sampler)
         self._stats = LoaderStats()
         self._returned_at: float | None = None
+        # A batch whose pinning outlasted ``timeout``: the next call's.
+        self._awaiting_pin: PinnedLater | None = None
         seeds_pipe = _datapipes.is_iter_datapipe(self._dataset)
         if resume is None:
             # Same order as torch: an IterDataPipe's shared seed, the (lazy)
@@ -190,6 +192,7 @@ class BaseIter:
             self._progress.datapipe_seed = _seed.draw_seed(loader._rng)  # as torch's _reset
         loader._progress = self._progress
         self._returned_at = None
+        self._forget_awaited_pin()
         self._IterableDataset_len_called = loader._IterableDataset_len_called
 
     def _shutdown(self) -> None:
@@ -239,13 +242,31 @@ class BaseIter:
         leaves as the samples had them (None), numpy arrays or tensors,
         sharing memory either way."""
         if self._pin_torch is not None:
-            data = (data.result() if isinstance(data, PinnedLater)
+            data = (self._pinned(data) if isinstance(data, PinnedLater)
                     else pin_batch(self._pin_torch, data))
         if self._output is None:
             return data
         if self._output == "torch":
             return arrays_to_tensors(data)
         return tensors_to_arrays(data)
+
+    def _pinned(self, pinned: PinnedLater) -> Any:
+        """The pinned batch, waiting at most ``timeout`` for it, as torch's
+        loop waits for its pin-memory thread; past that, the user's timeout
+        error, and the batch is the next call's (its position is counted
+        already: nothing is lost)."""
+        try:
+            return pinned.result(self._timeout or None)
+        except TimeoutError:
+            if pinned.done():
+                raise  # what pinning itself raised
+            self._awaiting_pin = pinned
+            raise timed_out(self._timeout) from None
+
+    def _forget_awaited_pin(self) -> None:
+        if self._awaiting_pin is not None:
+            self._awaiting_pin.discard()
+            self._awaiting_pin = None
 
     def stats(self) -> LoaderStats:
         """What this iterator measured: see fastload._stats."""
@@ -257,7 +278,11 @@ class BaseIter:
         if self._returned_at is not None:
             stats.step_seconds += asked_at - self._returned_at
         try:
-            data = self._next_data()
+            if self._awaiting_pin is not None:
+                data, self._awaiting_pin = self._awaiting_pin, None
+                data = self._delivered(data)
+            else:
+                data = self._next_data()
         except StopIteration:
             if self._batch_stopped:
                 self._batch_stopped = False
@@ -288,6 +313,11 @@ class BaseIter:
 
     def __getstate__(self) -> Any:
         raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
+
+
+def timed_out(timeout: float) -> RuntimeError:
+    """The error of a wait that outlasted the loader's ``timeout``."""
+    return RuntimeError(f"DataLoader timed out after {timeout} seconds")
 
 
 class SingleProcessIter(BaseIter):

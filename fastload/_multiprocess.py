@@ -165,5 +165,4 @@ class MultiProcessingIter(WorkerIter):
         """Shut the workers down for good: this iterator's epoch is over."""
         self.reusable = False
         self._group.shutdown()
-        if self._pinner is not None:
-            self._pinner.stop()
+        self._stop_pinning()

@@ -50,14 +50,30 @@ def pin_target(loader: Any) -> Any:
             f"as the device, ignore pin_memory_device='{loader.pin_memory_device}'."
         )
     torch = torch_or_none()
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is None or not accelerator.is_available():
+    if torch is None or not _device_function(torch, "is_available")():
         warn_at_caller(
             "'pin_memory' argument is set as true but no accelerator is found, "
             "then device pinned memory won't be used."
         )
         return None
     return torch
+
+
+def _device_function(torch: Any, name: str) -> Any:
+    """torch's function ``name`` (``is_available``, ``current_device_index``,
+    ``set_device_index``) for its current accelerator, by the API the
+    installed torch has: ``torch.accelerator`` from torch 2.6 (whose device
+    functions end in ``_idx`` in 2.6), ``torch.cuda`` before, which torch's
+    own pin-memory thread used then."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None:
+        return getattr(torch.cuda, _CUDA_NAMES[name])
+    found = getattr(accelerator, name, None)
+    return found if found is not None else getattr(accelerator, name.replace("_index", "_idx"))
+
+
+_CUDA_NAMES = {"is_available": "is_available", "current_device_index": "current_device",
+               "set_device_index": "set_device"}
 
 
 def pin_batch(torch: Any, data: Any) -> Any:
@@ -85,6 +101,12 @@ def pin_batch(torch: Any, data: Any) -> Any:
     return data
 
 
+# How long a stopping loader waits for the copy its pinning thread is making
+# (a GiB batch takes well under a second); past it, a stuck copy is left to
+# the daemon thread rather than hanging the program.
+JOIN_SECONDS = 10.0
+
+
 class PinnedLater(Future):  # type: ignore[type-arg]
     """A ready batch being pinned by a Pinner: its ``result()`` is the pinned
     batch, or raises what pinning raised."""
@@ -108,10 +130,13 @@ class Pinner:
     in the thread that gives it batches (a new thread's would be the first
     one: with one process per GPU, each would make a context on that GPU),
     with one intra-op thread, as torch's pin-memory thread does. It holds
-    only its queue, and stops once the Pinner is gone or ``stop()`` is
-    called, after the batches given to it before; one given to it after,
-    or when no thread could be started, is pinned in the calling thread.
-    ``submit`` never raises: a batch it cannot pin raises in its place."""
+    only its queue. Once the Pinner is gone or ``stop()`` is called (the
+    iterator's epochs are over), the batches not being pinned yet are given
+    up and the thread is waited for, at most JOIN_SECONDS, as torch joins
+    its pin-memory thread: no copy is left running once the loader stopped.
+    A batch given to it after, or when no thread could be started, is
+    pinned in the calling thread. ``submit`` never raises: a batch it
+    cannot pin raises in its place."""
 
     def __init__(self, torch: Any) -> None:
         self._torch = torch
@@ -120,7 +145,8 @@ class Pinner:
         # What was given to the thread and is not pinned yet, oldest first;
         # each holds its batch's slot until then.
         self._pending: collections.deque[PinnedLater] = collections.deque()
-        self.stop = weakref.finalize(self, self._jobs.put, None)
+        self._started: list[threading.Thread] = []  # the thread, once it is
+        self.stop = weakref.finalize(self, _stop, self._jobs, self._pending, self._started)
 
     def submit(self, batch: Any) -> PinnedLater:
         """The batch, pinned on the thread."""
@@ -151,7 +177,7 @@ class Pinner:
 
     def _start(self) -> None:
         try:
-            device: int | BaseException = self._torch.accelerator.current_device_index()
+            device: int | BaseException = _device_function(self._torch, "current_device_index")()
         except Exception as exc:  # each batch raises it, in its place
             device = exc
         thread = threading.Thread(target=_pin_jobs, args=(self._torch, device, self._jobs),
@@ -162,6 +188,19 @@ class Pinner:
             self.stop()
             return
         self._thread = thread
+        self._started.append(thread)
+
+
+def _stop(jobs: queue.SimpleQueue[PinnedLater | None], pending: collections.deque[PinnedLater],
+          started: list[threading.Thread]) -> None:
+    """Pinner.stop (see its docstring)."""
+    for pinned in pending:
+        pinned.discard()
+    pending.clear()
+    jobs.put(None)
+    for thread in started:
+        if thread is not threading.current_thread():
+            thread.join(JOIN_SECONDS)
 
 
 def _pin_jobs(torch: Any, device: int | BaseException,
@@ -170,7 +209,7 @@ def _pin_jobs(torch: Any, device: int | BaseException,
     if failure is None:
         try:
             torch.set_num_threads(1)  # this thread's: its copies take one core
-            torch.accelerator.set_device_index(device)
+            _device_function(torch, "set_device_index")(device)
         except Exception as exc:
             failure = exc
     while True:

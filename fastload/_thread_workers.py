@@ -211,8 +211,7 @@ class ThreadIter(WorkerIter):
         """Stop the worker threads for good: this iterator's epoch is over."""
         self.reusable = False
         self._stop_all()
-        if self._pinner is not None:
-            self._pinner.stop()
+        self._stop_pinning()
 
     def _begin_epoch(self) -> None:
         self._table.order = []

@@ -3,6 +3,7 @@ memory as it delivers it, never a slot of shared memory (NOTE [ Pinning by
 copy ] in fastload._pinning)."""
 import collections
 import collections.abc
+import gc
 import threading
 import time
 
@@ -19,9 +20,11 @@ PATHS = [dict(num_workers=0), dict(num_workers=2),
 
 class FakePinning:
     """Stands in for torch with an accelerator: ``pin_memory()`` returns a
-    copy, which it records as page-locked."""
+    copy, which it records as page-locked. ``api``: the device functions of
+    torch >= 2.7 ("index"), of torch 2.6 ("idx", torch.accelerator's first
+    names), or of an older torch ("cuda": torch.cuda's, no torch.accelerator)."""
 
-    def __init__(self, fails_for=None, seconds=0.0):
+    def __init__(self, fails_for=None, seconds=0.0, api="index"):
         self.pinned = []
         self.threads = set()
         self.settings = {}  # thread name -> (intra-op threads, device index)
@@ -42,7 +45,16 @@ class FakePinning:
             def set_device_index(index):
                 owner.settings[threading.current_thread().name] += (index,)
 
-        self.accelerator = Accelerator
+        current, set_device = Accelerator.current_device_index, Accelerator.set_device_index
+        if api != "index":
+            del Accelerator.current_device_index, Accelerator.set_device_index
+        if api == "idx":
+            Accelerator.current_device_idx, Accelerator.set_device_idx = current, set_device
+        if api == "cuda":
+            Accelerator.current_device, Accelerator.set_device = current, set_device
+            self.cuda = Accelerator
+        else:
+            self.accelerator = Accelerator
 
         class Tensor:
             def __init__(self, array):
@@ -94,6 +106,48 @@ def owners(array):
     return chain
 
 
+def pin_threads():
+    return [t for t in threading.enumerate() if t.name == "fastload-pin-memory"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path", PATHS[1:], ids=["processes", "threads"])
+def test_a_stopped_loader_leaves_no_copy_running_and_pins_nothing_more(monkeypatch, path):
+    pinning = pinning_with(monkeypatch, seconds=0.2)
+    loader = fl.DataLoader(Records(), batch_size=2, pin_memory=True, prefetch_factor=4, **path)
+    it = iter(loader)
+    next(it)
+    del it  # batches still queued for pinning: given up; the thread waited for
+    gc.collect()
+    assert pin_threads() == []
+    pinned = len(pinning.pinned)
+    time.sleep(0.5)
+    assert len(pinning.pinned) == pinned
+    # The loader goes on, and its epoch's end stops its thread too.
+    assert len(list(loader)) == 12
+    assert pin_threads() == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path", PATHS[1:], ids=["processes", "threads"])
+def test_timeout_bounds_the_wait_for_a_pin_and_loses_no_batch(monkeypatch, path):
+    pinning_with(monkeypatch, seconds=0.6)
+    loader = fl.DataLoader(Records(), batch_size=6, pin_memory=True, timeout=0.2, **path)
+    it = iter(loader)
+    got, timeouts = [], 0
+    while len(got) < 4:
+        try:
+            got.append(next(it))
+        except RuntimeError as error:
+            assert "DataLoader timed out after 0.2 seconds" in str(error)
+            timeouts += 1
+    with pytest.raises(StopIteration):
+        next(it)
+    assert timeouts >= 1
+    assert [batch["label"].tolist() for batch in got] == [list(range(i, i + 6))
+                                                          for i in range(0, 24, 6)]
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("path", PATHS, ids=["0 workers", "processes", "threads"])
 def test_every_path_delivers_copies_in_pinned_memory(monkeypatch, path):
@@ -113,9 +167,10 @@ def test_every_path_delivers_copies_in_pinned_memory(monkeypatch, path):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("api", ["index", "idx", "cuda"])
 @pytest.mark.parametrize("path", PATHS[1:], ids=["processes", "threads"])
-def test_workers_batches_are_pinned_on_a_thread_ahead_of_the_loop(monkeypatch, path):
-    pinning = pinning_with(monkeypatch)
+def test_workers_batches_are_pinned_on_a_thread_ahead_of_the_loop(monkeypatch, path, api):
+    pinning = pinning_with(monkeypatch, api=api)
     it = iter(fl.DataLoader(Records(), batch_size=4, pin_memory=True, **path))
     next(it)
     deadline = time.monotonic() + 30
@@ -133,10 +188,14 @@ def test_workers_batches_are_pinned_on_a_thread_ahead_of_the_loop(monkeypatch, p
 def test_a_pinning_thread_that_cannot_set_its_device_fails_each_batch_not_hangs(
         monkeypatch, path):
     pinning = pinning_with(monkeypatch)
-    del pinning.accelerator.current_device_index  # as on a torch without it
+
+    def no_device():
+        raise RuntimeError("the accelerator is gone")
+
+    pinning.accelerator.current_device_index = no_device
     it = iter(fl.DataLoader(Records(), batch_size=5, pin_memory=True, **path))
     for _ in range(5):
-        with pytest.raises(RuntimeError, match="cannot pin batches .*current_device_index"):
+        with pytest.raises(RuntimeError, match="cannot pin batches .*the accelerator is gone"):
             next(it)
     with pytest.raises(StopIteration):
         next(it)
@@ -144,14 +203,17 @@ def test_a_pinning_thread_that_cannot_set_its_device_fails_each_batch_not_hangs(
 
 
 @pytest.mark.timeout(30)
-def test_a_pinner_pins_what_it_was_given_before_and_after_it_stopped():
-    pinning = FakePinning()
+def test_a_pinner_stopped_gives_up_what_waits_and_pins_what_comes_after_inline():
+    pinning = FakePinning(seconds=0.1)
     pinner = Pinner(pinning)
     before = [pinner.submit(np.full(3, i)) for i in range(4)]
+    time.sleep(0.05)  # the first is being pinned
     pinner.stop()
+    assert pin_threads() == []  # waited for, its copy finished
+    assert before[0].result(timeout=0).tolist() == [0, 0, 0]
+    assert all(p.cancelled() for p in before[1:])
     after = pinner.submit(np.full(2, 9))
     assert after.done() and after.result().tolist() == [9, 9]  # in this thread
-    assert [p.result(timeout=10).tolist() for p in before] == [[i] * 3 for i in range(4)]
     assert pinning.threads == {"fastload-pin-memory", threading.current_thread().name}
 
 
