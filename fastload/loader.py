@@ -8,6 +8,7 @@ through a fetcher from ``_fetch``, which worker processes use unchanged.
 """
 from __future__ import annotations
 
+import builtins
 import math
 import multiprocessing
 import multiprocessing.context
@@ -378,6 +379,15 @@ class DataLoader(Generic[T_co]):
             raise
         self._epoch += 1
         return iterator
+
+    def enumerate(self, start: int = 0) -> Iterator[tuple[int, Any]]:
+        """A new epoch's batches with their positions in it, counted from
+        ``start``: ``enumerate(loader, start)``, except that an epoch resumed
+        from a loaded state counts on from where the state left it (as
+        torchdata's ``StatefulDataLoader.enumerate``), so the numbers are
+        those of the run that took the state."""
+        iterator = iter(self)
+        return builtins.enumerate(iterator, start + iterator._progress.yielded)
 
     def _next_iterator(self, resume: LoaderState | None, kept_base_seed: int | None,
                        start_states: list[Any] | None) -> BaseIter:

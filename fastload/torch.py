@@ -175,6 +175,10 @@ class DataLoader(_torch_data.DataLoader[T_co]):
     def __len__(self) -> int:
         return len(self._fastload)
 
+    def enumerate(self, start: int = 0) -> Any:
+        """torchdata StatefulDataLoader's: see fastload.DataLoader.enumerate."""
+        return self._fastload.enumerate(start)
+
     def state_dict(self) -> dict[str, Any]:
         """fastload.DataLoader's state (NOTE [ Resume contract ]). Taken in
         any case, since frameworks take it whenever a loader has one

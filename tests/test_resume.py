@@ -486,3 +486,37 @@ def test_a_sampler_with_a_state_resumed_at_any_batch_goes_on_to_its_next_epochs(
     resumed.load_state_dict(state)
     rest = lists(resumed, 3 - done)
     assert before + [head + rest[0]] + rest[1:] == expected
+
+
+@pytest.mark.parametrize("workers,method", [(0, "multiprocessing"), (2, "multiprocessing"),
+                                            (2, "thread")])
+def test_enumerate_counts_on_from_where_a_loaded_state_resumes(workers, method):
+    """torchdata's StatefulDataLoader.enumerate: positions in the epoch."""
+    def make():
+        return fl.DataLoader(np.arange(20), batch_size=2, shuffle=True, generator=4,
+                             num_workers=workers, worker_method=method)
+
+    loader = make()
+    assert [i for i, _ in loader.enumerate(start=7)] == list(range(7, 17))
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = loader.state_dict()
+    rest = [b.tolist() for b in it]
+    resumed = make()
+    resumed.load_state_dict(state)
+    numbered = list(resumed.enumerate())
+    assert [i for i, _ in numbered] == list(range(3, 10))
+    assert [b.tolist() for _, b in numbered] == rest
+    # The next epoch is a new one: counted from start again.
+    assert [i for i, _ in resumed.enumerate(start=1)] == list(range(1, 11))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_enumerate_of_an_iterable_dataset_and_of_a_state_at_an_epochs_end(workers):
+    loader = fl.DataLoader(Counting(), batch_size=BATCH, num_workers=workers)
+    assert [i for i, _ in loader.enumerate()] == list(range(BATCHES_PER_EPOCH))
+    state = loader.state_dict()  # the epoch ran out: the next one is new
+    resumed = fl.DataLoader(Counting(), batch_size=BATCH, num_workers=workers)
+    resumed.load_state_dict(state)
+    assert [i for i, _ in resumed.enumerate()] == list(range(BATCHES_PER_EPOCH))

@@ -678,3 +678,16 @@ def test_fastload_loaders_resume_torchs_random_samplers_too(num_workers):
     with pytest.raises(ValueError, match="OwnOrder: it keeps no state"):
         make(OwnOrder).load_state_dict(custom.state_dict())
 
+
+def test_enumerate_counts_on_from_a_loaded_state_with_torchs_types():
+    """torchdata's StatefulDataLoader.enumerate, as its tests use it."""
+    dataset = td.TensorDataset(torch.arange(20))
+    loader = flt.DataLoader(dataset, batch_size=2)
+    it = iter(loader)
+    for _ in range(2):
+        next(it)
+    resumed = flt.DataLoader(dataset, batch_size=2)
+    resumed.load_state_dict(loader.state_dict())
+    numbered = list(resumed.enumerate(start=10))
+    assert [i for i, _ in numbered] == list(range(12, 20))
+    assert torch.equal(numbered[0][1][0], torch.tensor([4, 5]))
