@@ -18,7 +18,7 @@ from fastload._fast_path import reads_index_arrays
 from fastload._fetch import DatasetKind, create_fetcher, is_stateful
 from fastload._loader_state import LoaderState
 from fastload._output import arrays_to_tensors, tensors_to_arrays
-from fastload._pinning import PinnedLater, pin_batch, pin_target
+from fastload._pinning import PinnedLater, PinTimedOut, pin_batch, pin_target
 from fastload._progress import NO_SNAPSHOT, Progress, sampler_snapshot_getter, sampler_state
 from fastload._sample_rng import context as sample_context
 from fastload._stats import LoaderStats
@@ -131,8 +131,9 @@ class BaseIter:
         self._index_arrays = index_arrays and draws_arrays(self._index_sampler)
         self._stats = LoaderStats()
         self._returned_at: float | None = None
-        # A batch whose pinning outlasted ``timeout``: the next call's.
-        self._awaiting_pin: PinnedLater | None = None
+        # A batch (and its task) whose pinning outlasted ``timeout``: the
+        # next call's (_deliver_ready).
+        self._awaiting_pin: tuple[Any, PinnedLater] | None = None
         seeds_pipe = _datapipes.is_iter_datapipe(self._dataset)
         if resume is None:
             # Same order as torch: an IterDataPipe's shared seed, the (lazy)
@@ -242,7 +243,9 @@ class BaseIter:
         leaves as the samples had them (None), numpy arrays or tensors,
         sharing memory either way."""
         if self._pin_torch is not None:
-            data = (self._pinned(data) if isinstance(data, PinnedLater)
+            # As torch's loop waits for its pin-memory thread: at most
+            # ``timeout`` (PinTimedOut past it, see _deliver_ready).
+            data = (data.within(self._timeout or None) if isinstance(data, PinnedLater)
                     else pin_batch(self._pin_torch, data))
         if self._output is None:
             return data
@@ -250,22 +253,25 @@ class BaseIter:
             return arrays_to_tensors(data)
         return tensors_to_arrays(data)
 
-    def _pinned(self, pinned: PinnedLater) -> Any:
-        """The pinned batch, waiting at most ``timeout`` for it, as torch's
-        loop waits for its pin-memory thread; past that, the user's timeout
-        error, and the batch is the next call's (its position is counted
-        already: nothing is lost)."""
+    def _deliver_ready(self, task: Any, batch: Any) -> Any:
+        """A batch a worker made, as the user gets it (``_delivered``), then
+        counted as delivered. One whose pinning outlasts ``timeout`` raises
+        the user's timeout error uncounted, and is the next call's: nothing
+        is lost, and a state taken meanwhile resumes at it."""
         try:
-            return pinned.result(self._timeout or None)
-        except TimeoutError:
-            if pinned.done():
-                raise  # what pinning itself raised
-            self._awaiting_pin = pinned
+            data = self._delivered(batch)
+        except PinTimedOut:
+            self._awaiting_pin = (task, batch)
             raise timed_out(self._timeout) from None
+        except BaseException:
+            self._progress.advance(task)  # it raised in its place
+            raise
+        self._progress.advance(task)
+        return data
 
     def _forget_awaited_pin(self) -> None:
         if self._awaiting_pin is not None:
-            self._awaiting_pin.discard()
+            self._awaiting_pin[1].discard()
             self._awaiting_pin = None
 
     def stats(self) -> LoaderStats:
@@ -279,8 +285,8 @@ class BaseIter:
             stats.step_seconds += asked_at - self._returned_at
         try:
             if self._awaiting_pin is not None:
-                data, self._awaiting_pin = self._awaiting_pin, None
-                data = self._delivered(data)
+                (task, pinned), self._awaiting_pin = self._awaiting_pin, None
+                data = self._deliver_ready(task, pinned)
             else:
                 data = self._next_data()
         except StopIteration:

@@ -105,12 +105,12 @@ class MultiProcessingIter(WorkerIter):
                 self._stop()
             raise StopIteration
         task, batch = found
-        # A failed batch is delivered as its exception: the epoch goes on
-        # after it, as in the main process and in torch.
-        self._progress.advance(task)
         if isinstance(batch, Failure):
+            # A failed batch is delivered as its exception: the epoch goes
+            # on after it, as in the main process and in torch.
+            self._progress.advance(task)
             self._raise_failed_batch(batch.error, self._group.pids[batch.error.worker_id])
-        return self._delivered(batch)
+        return self._deliver_ready(task, batch)
 
     @contextlib.contextmanager
     def _errors_raised(self) -> Iterator[None]:

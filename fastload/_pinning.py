@@ -107,6 +107,10 @@ def pin_batch(torch: Any, data: Any) -> Any:
 JOIN_SECONDS = 10.0
 
 
+class PinTimedOut(Exception):
+    """A batch was not pinned within the loader's ``timeout``."""
+
+
 class PinnedLater(Future):  # type: ignore[type-arg]
     """A ready batch being pinned by a Pinner: its ``result()`` is the pinned
     batch, or raises what pinning raised."""
@@ -114,6 +118,14 @@ class PinnedLater(Future):  # type: ignore[type-arg]
     def __init__(self, batch: Any) -> None:
         super().__init__()
         self._batch = batch
+
+    def within(self, timeout: float | None) -> Any:
+        """``result()``, waiting at most ``timeout`` seconds for it (None: for
+        ever); PinTimedOut when the batch is not pinned by then."""
+        done, _ = futures.wait([self], timeout)
+        if not done:
+            raise PinTimedOut
+        return self.result()
 
     def discard(self) -> None:
         """Give the batch up (an abandoned epoch's): not pinned if that has

@@ -329,11 +329,11 @@ class ThreadIter(WorkerIter):
             next_ready = table.pop_next_batch(self._in_order, progress.stream_ended)
             if next_ready is not None:
                 task, batch = next_ready
-                progress.advance(task)
                 self._dispatch()
                 if isinstance(batch, WorkerError):
+                    progress.advance(task)
                     self._raise_failed_batch(batch, os.getpid(), thread=True)
-                return self._delivered(batch)
+                return self._deliver_ready(task, batch)
             if not table.order:
                 self._draw.raise_failure()
                 if not self._persistent_workers:

@@ -134,18 +134,23 @@ def test_timeout_bounds_the_wait_for_a_pin_and_loses_no_batch(monkeypatch, path)
     pinning_with(monkeypatch, seconds=0.6)
     loader = fl.DataLoader(Records(), batch_size=6, pin_memory=True, timeout=0.2, **path)
     it = iter(loader)
-    got, timeouts = [], 0
+    got, states = [], []
     while len(got) < 4:
         try:
             got.append(next(it))
         except RuntimeError as error:
             assert "DataLoader timed out after 0.2 seconds" in str(error)
-            timeouts += 1
+            states.append((len(got), loader.state_dict()))
     with pytest.raises(StopIteration):
         next(it)
-    assert timeouts >= 1
-    assert [batch["label"].tolist() for batch in got] == [list(range(i, i + 6))
-                                                          for i in range(0, 24, 6)]
+    assert states
+    labels = [list(range(i, i + 6)) for i in range(0, 24, 6)]
+    assert [batch["label"].tolist() for batch in got] == labels
+    # A state taken at the timeout resumes at the batch still being pinned.
+    for delivered, state in states:
+        resumed = fl.DataLoader(Records(), batch_size=6, **path)
+        resumed.load_state_dict(state)
+        assert [batch["label"].tolist() for batch in resumed] == labels[delivered:]
 
 
 @pytest.mark.timeout(60)
