@@ -98,6 +98,12 @@ class Progress:
             worker.ended = True
             worker.state, worker.state_step = task.dataset_state, worker.yielded
 
+    @property
+    def delivered(self) -> int:
+        """Batches of the epoch delivered: ``yielded`` and those delivered
+        out of order beyond them."""
+        return self.yielded + len(self.beyond)
+
     def advance(self, task: Any) -> None:
         """Move past a batch a worker loaded, as it is delivered. ``task`` has
         ``worker_id``; ``position`` in the epoch (map-style: see ``deliver``);

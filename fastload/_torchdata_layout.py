@@ -8,28 +8,36 @@ Code written for torchdata reads its state's layout: how many workers
 ``["dataset_state"]``, whether its stream ``fetcher_ended``, and, without
 workers, the top-level ``dataset_state`` and ``fetcher_state`` (torchdata's
 own tests do, and tools that log a checkpoint's position). So a state has
-those keys beside fastload's, with the values they would have in
-torchdata, computed from fastload's fields:
+those keys beside fastload's, computed from fastload's fields. With the
+default ``snapshot_every_n_steps=1`` they hold what torchdata's would
+(tests/test_torchdata_layout.py compares them), except where the two keep
+different things:
 
 - a replica's state is its iterator's (``dataset_iter_state``) for an
   iterable dataset and the dataset's (``dataset_state``) for a map-style
   one. fastload keeps one state per replica, the iterator's when it has
   one, else the dataset's (fastload._fetch); torchdata keeps both where
   an iterable dataset's iterator is not the dataset itself;
-- a state is exact after every batch, so the snapshot is the last batch
-  (``_snapshot_step`` is the batches delivered, ``_steps_since_snapshot``
-  is 0);
+- the sampler's and the dataset's states are fastload's snapshots, taken
+  every ``snapshot_every_n_steps`` batches: ``_snapshot_step`` is the
+  step of the last one and ``_steps_since_snapshot`` the batches
+  delivered since, out of order ones included, as in torchdata. Without
+  workers torchdata takes those states when asked, fastload at its
+  snapshot steps, so there its ``_sampler_iter_yielded`` (the sampler
+  state's step) can be behind ``_num_yielded`` (the batches delivered);
+- an iterable dataset has no sampler: its snapshot steps are those of the
+  batches delivered, as torchdata counts them;
 - before the first ``iter()`` there is a snapshot per worker, as
   torchdata starts its workers to take one, each holding the dataset's
   state, which every replica starts from, and the iterator has not
-  finished (fastload's ``finished`` says that no epoch is under way);
-- an iterable dataset has no sampler: its draws are the batches
-  delivered.
+  finished (fastload's ``finished`` says that no epoch is under way).
 
 The keys are derived: loading ignores them and reads fastload's fields
-alone, so they cannot disagree with what resumes. A state torchdata wrote
-has only them, and is refused with an error saying so: its sampler and
-seed positions are torchdata's, which fastload cannot continue exactly.
+alone, so they cannot disagree with what resumes (a framework that edits
+``_index_sampler_state`` in place, as accelerate's dispatcher does, edits
+a copy). A state torchdata wrote has only them, and is refused with an
+error saying so: its sampler and seed positions are torchdata's, which
+fastload cannot continue exactly.
 """
 from __future__ import annotations
 
@@ -42,20 +50,30 @@ _WITHOUT_WORKERS = ("_index_sampler_state", "_sampler_iter_state", "_sampler_ite
 TORCHDATA_KEYS = frozenset(_WITH_WORKERS + _WITHOUT_WORKERS)
 
 
-def torchdata_keys(state: dict[str, Any], num_workers: int) -> dict[str, Any]:
+def torchdata_keys(state: dict[str, Any], num_workers: int, snapshot_every: int,
+                   len_called: int | None) -> dict[str, Any]:
     """torchdata's keys for ``state``, a fastload state's dict (NOTE
-    [ torchdata's keys ]) of a loader with ``num_workers`` workers."""
+    [ torchdata's keys ]) of a loader with ``num_workers`` workers, its
+    ``snapshot_every_n_steps`` and the dataset length ``len(loader)`` read
+    (an iterable dataset's, None when it was not)."""
     iterable = state["settings"]["dataset_kind"] == "iterable"
-    draws = state["yielded"] if iterable else state["sampler_step"]
+    delivered = state["yielded"] + sum(stop - start for start, stop in state["delivered_beyond"])
+    if not iterable:
+        snapshot_step = state["sampler_step"]
+    else:
+        snapshot_step = delivered - delivered % snapshot_every if snapshot_every else 0
+    sampler = state["sampler"]
+    if isinstance(sampler, dict):
+        sampler = dict(sampler)
     # No iterator has drawn a base seed before the first iter().
     finished = state["finished"] and state["base_seed"] is not None
     if num_workers == 0:
         return {
-            "_index_sampler_state": state["sampler"],
+            "_index_sampler_state": sampler,
             "_sampler_iter_state": None,
-            "_sampler_iter_yielded": draws,
-            "_num_yielded": state["yielded"],
-            "_IterableDataset_len_called": None,
+            "_sampler_iter_yielded": snapshot_step,
+            "_num_yielded": delivered,
+            "_IterableDataset_len_called": len_called,
             "_shared_seed": None,
             **_replica(state["dataset"], state["dataset_ended"], iterable),
             "_iterator_finished": finished,
@@ -70,20 +88,20 @@ def torchdata_keys(state: dict[str, Any], num_workers: int) -> dict[str, Any]:
         snapshots[f"worker_{worker_id}"] = {"worker_id": worker_id, **replica}
     return {
         "_snapshot": {
-            "_snapshot_step": state["yielded"],
+            "_snapshot_step": snapshot_step,
             "_last_yielded_worker_id": (state["next_worker"] - 1) % num_workers,
             "_main_snapshot": {
                 "_num_workers": num_workers,
                 "_sampler_iter_state": None,
-                "_index_sampler_state": state["sampler"],
-                "_sampler_iter_yielded": draws,
-                "_IterableDataset_len_called": None,
+                "_index_sampler_state": sampler,
+                "_sampler_iter_yielded": snapshot_step,
+                "_IterableDataset_len_called": len_called,
                 "_shared_seed": None,
                 "_base_seed": state["base_seed"],
             },
             "_worker_snapshots": snapshots,
         },
-        "_steps_since_snapshot": 0,
+        "_steps_since_snapshot": delivered - snapshot_step,
         "_iterator_finished": finished,
     }
 

@@ -387,7 +387,7 @@ class DataLoader(Generic[T_co]):
         torchdata's ``StatefulDataLoader.enumerate``), so the numbers are
         those of the run that took the state."""
         iterator = iter(self)
-        return builtins.enumerate(iterator, start + iterator._progress.yielded)
+        return builtins.enumerate(iterator, start + iterator._progress.delivered)
 
     def _next_iterator(self, resume: LoaderState | None, kept_base_seed: int | None,
                        start_states: list[Any] | None) -> BaseIter:
@@ -420,7 +420,8 @@ class DataLoader(Generic[T_co]):
         state = _checkpoint.capture(self)
         # torchdata's keys too, for code that reads its layout (NOTE
         # [ torchdata's keys ] in fastload._torchdata_layout).
-        state.update(torchdata_keys(state, self.num_workers))
+        state.update(torchdata_keys(state, self.num_workers, self.snapshot_every_n_steps,
+                                    self._IterableDataset_len_called))
         if self._unresumable is not None:
             state[UNRESUMABLE_SAMPLER] = self._unresumable
         return state

@@ -5,6 +5,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -520,3 +521,30 @@ def test_enumerate_of_an_iterable_dataset_and_of_a_state_at_an_epochs_end(worker
     resumed = fl.DataLoader(Counting(), batch_size=BATCH, num_workers=workers)
     resumed.load_state_dict(state)
     assert [i for i, _ in resumed.enumerate()] == list(range(BATCHES_PER_EPOCH))
+
+
+class SlowFirstBatch(fl.Dataset):
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        if i < 2:
+            time.sleep(0.5)
+        return i
+
+
+def test_enumerate_counts_batches_delivered_out_of_order():
+    def make():
+        return fl.DataLoader(SlowFirstBatch(), batch_size=2, num_workers=2, in_order=False)
+
+    loader = make()
+    numbered = loader.enumerate()
+    head = [next(numbered) for _ in range(3)]
+    assert [i for i, _ in head] == [0, 1, 2]
+    assert 0 not in np.concatenate([b for _, b in head])  # the slow one is still to come
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = list(resumed.enumerate())
+    assert [i for i, _ in rest] == [3, 4, 5]
+    assert sorted(np.concatenate([b for _, b in head + rest]).tolist()) == list(range(12))

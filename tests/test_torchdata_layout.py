@@ -3,6 +3,7 @@ fastload._torchdata_layout): the values torchdata's StatefulDataLoader would
 give them, derived from fastload's fields and ignored by loading."""
 import copy
 import json
+import time
 
 import numpy as np
 import pytest
@@ -160,3 +161,40 @@ def test_a_state_torchdata_wrote_is_refused_saying_so():
     with pytest.raises(ValueError, match="written by torchdata's StatefulDataLoader"):
         loader.load_state_dict(written_by_torchdata)
     assert len(list(loader)) == 4  # and the loader goes on, fresh
+
+
+def step_keys(state):
+    snapshot = state["_snapshot"]
+    return (snapshot["_snapshot_step"], state["_steps_since_snapshot"],
+            snapshot["_main_snapshot"]["_sampler_iter_yielded"])
+
+
+@pytest.mark.parametrize("dataset,taken", [(CountingMap, 2), (CountingMap, 4), (Stream, 4)])
+def test_snapshot_steps_as_torchdata_counts_them_between_snapshots(dataset, taken):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader",
+                                   reason="torchdata's StatefulDataLoader is the reference")
+    import torch.utils.data as torch_data
+    theirs_dataset = type(dataset.__name__, (Cursor, torch_data.IterableDataset)
+                          if dataset is Stream else (Counting, torch_data.Dataset), {})
+    theirs = state_after(stateful.StatefulDataLoader, theirs_dataset, 2, taken,
+                         snapshot_every_n_steps=3)
+    ours = state_after(fl.DataLoader, dataset, 2, taken, snapshot_every_n_steps=3)
+    assert step_keys(ours) == step_keys(theirs)
+
+
+class SlowStart(Counting, fl.Dataset):
+    """Its first batch comes last: batches are delivered out of order."""
+
+    def __getitem__(self, i):
+        if i < 2:
+            time.sleep(0.5)
+        return super().__getitem__(i)
+
+
+def test_batches_delivered_out_of_order_count_as_steps_since_the_snapshot():
+    loader = fl.DataLoader(SlowStart(), batch_size=2, num_workers=2, in_order=False)
+    it = iter(loader)
+    first = [next(it) for _ in range(3)]
+    state = loader.state_dict()
+    assert 0 not in np.concatenate(first)  # the slow batch is still to come
+    assert step_keys(state) == (0, 3, 0)
