@@ -13,6 +13,7 @@ import zlib
 import numpy as np
 
 import fastload as fl
+from fastload._torchdata_layout import fastload_fields
 
 try:
     import torch
@@ -205,7 +206,9 @@ def canonical(x):
 def epoch_outcome(loader, states=True):
     """Every batch of one epoch in its canonical form, or the type of the
     exception raised in its place, in order; with ``states``, each followed
-    by the loader's state_dict() and the last by the state at the end."""
+    by the loader's state_dict() and the last by the state at the end
+    (fastload's fields: torchdata's keys, derived from them, are laid out
+    by the number of workers, as torchdata lays them out)."""
     outcome = []
     it = iter(loader)
     while True:
@@ -218,9 +221,9 @@ def epoch_outcome(loader, states=True):
         else:
             outcome.append(canonical(batch))
         if states:
-            outcome.append(("state", canonical(loader.state_dict())))
+            outcome.append(("state", canonical(fastload_fields(loader.state_dict()))))
         if len(outcome) > 400:
             raise AssertionError("the epoch does not end")
     if states:
-        outcome.append(("state", canonical(loader.state_dict())))
+        outcome.append(("state", canonical(fastload_fields(loader.state_dict()))))
     return outcome
