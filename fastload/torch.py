@@ -64,6 +64,7 @@ __all__ = [
     "Sampler",
     "SequentialSampler",
     "StackDataset",
+    "StatefulDataLoader",
     "Subset",
     "SubsetRandomSampler",
     "TensorDataset",
@@ -190,6 +191,11 @@ class DataLoader(_torch_data.DataLoader[T_co]):
 
     def stats(self) -> LoaderStats | None:
         return self._fastload.stats()
+
+
+# torchdata's name: this loader has its state_dict, load_state_dict,
+# snapshot_every_n_steps and enumerate.
+StatefulDataLoader = DataLoader
 
 
 def use_fastload_engine(prepared: Any) -> Any:

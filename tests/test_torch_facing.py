@@ -680,9 +680,11 @@ def test_fastload_loaders_resume_torchs_random_samplers_too(num_workers):
 
 
 def test_enumerate_counts_on_from_a_loaded_state_with_torchs_types():
-    """torchdata's StatefulDataLoader.enumerate, as its tests use it."""
+    """torchdata's StatefulDataLoader.enumerate, as its tests use it, under
+    torchdata's name."""
+    assert flt.StatefulDataLoader is flt.DataLoader
     dataset = td.TensorDataset(torch.arange(20))
-    loader = flt.DataLoader(dataset, batch_size=2)
+    loader = flt.StatefulDataLoader(dataset, batch_size=2)
     it = iter(loader)
     for _ in range(2):
         next(it)
