@@ -131,6 +131,7 @@ class BaseIter:
         self._index_arrays = index_arrays and draws_arrays(self._index_sampler)
         self._stats = LoaderStats()
         self._returned_at: float | None = None
+        self._asked_at = 0.0  # when the current next() began
         # A batch (and its task) whose pinning outlasted ``timeout``: the
         # next call's (_deliver_ready).
         self._awaiting_pin: tuple[Any, PinnedLater] | None = None
@@ -243,15 +244,23 @@ class BaseIter:
         leaves as the samples had them (None), numpy arrays or tensors,
         sharing memory either way."""
         if self._pin_torch is not None:
-            # As torch's loop waits for its pin-memory thread: at most
-            # ``timeout`` (PinTimedOut past it, see _deliver_ready).
-            data = (data.within(self._timeout or None) if isinstance(data, PinnedLater)
+            data = (self._pinned(data) if isinstance(data, PinnedLater)
                     else pin_batch(self._pin_torch, data))
         if self._output is None:
             return data
         if self._output == "torch":
             return arrays_to_tensors(data)
         return tensors_to_arrays(data)
+
+    def _pinned(self, pinned: PinnedLater) -> Any:
+        """The batch once pinned. As torch's loop, which waits for its
+        pin-memory thread, this ``next()`` waits at most ``timeout`` in all,
+        the wait for the worker included (PinTimedOut past it, see
+        _deliver_ready)."""
+        if not self._timeout:
+            return pinned.within(None)
+        waited = time.perf_counter() - self._asked_at
+        return pinned.within(max(self._timeout - waited, 0.0))
 
     def _deliver_ready(self, task: Any, batch: Any) -> Any:
         """A batch a worker made, as the user gets it (``_delivered``), then
@@ -279,7 +288,7 @@ class BaseIter:
         return self._stats
 
     def __next__(self) -> Any:
-        asked_at = time.perf_counter()
+        asked_at = self._asked_at = time.perf_counter()
         stats = self._stats
         if self._returned_at is not None:
             stats.step_seconds += asked_at - self._returned_at
