@@ -6,31 +6,15 @@ import json
 
 import numpy as np
 import pytest
+from _cursor import Cursor
 
 import fastload as fl
 from fastload._loader_state import STATE_VERSION, LoaderState, WorkerState
 from fastload._torchdata_layout import fastload_fields
 
 
-class Stream(fl.IterableDataset):
-    def __init__(self):
-        self.i = 0
-
-    def __iter__(self):
-        self.i = 0
-        return self
-
-    def __next__(self):
-        if self.i >= 9:
-            raise StopIteration
-        self.i += 1
-        return self.i
-
-    def state_dict(self):
-        return {"i": self.i}
-
-    def load_state_dict(self, state):
-        self.i = state["i"]
+class Stream(Cursor, fl.IterableDataset):
+    pass
 
 
 def states():

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from _cursor import Cursor
 
 import fastload as fl
 from fastload._torchdata_layout import TORCHDATA_KEYS
@@ -30,29 +31,6 @@ class Counting:
 
     def load_state_dict(self, state):
         self.calls = state["calls"]
-
-
-class Cursor:
-    """An iterable dataset that is its own iterator, with a cursor state."""
-
-    def __init__(self):
-        self.i = 0
-
-    def __iter__(self):
-        self.i = 0
-        return self
-
-    def __next__(self):
-        if self.i >= 9:
-            raise StopIteration
-        self.i += 1
-        return self.i
-
-    def state_dict(self):
-        return {"i": self.i}
-
-    def load_state_dict(self, state):
-        self.i = state["i"]
 
 
 class CountingMap(Counting, fl.Dataset):
