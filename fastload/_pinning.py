@@ -153,18 +153,18 @@ class Pinner:
     def __init__(self, torch: Any) -> None:
         self._torch = torch
         self._jobs: queue.SimpleQueue[PinnedLater | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
         # What was given to the thread and is not pinned yet, oldest first;
         # each holds its batch's slot until then.
         self._pending: collections.deque[PinnedLater] = collections.deque()
-        self._started: list[threading.Thread] = []  # the thread, once it is
+        # The thread, once started; the finalizer (_stop) joins it.
+        self._started: list[threading.Thread] = []
         self.stop = weakref.finalize(self, _stop, self._jobs, self._pending, self._started)
 
     def submit(self, batch: Any) -> PinnedLater:
         """The batch, pinned on the thread."""
         pinned = PinnedLater(batch)
         del batch
-        if self._thread is None and self.stop.alive:
+        if not self._started and self.stop.alive:
             self._start()
         if not self.stop.alive:
             _pin(self._torch, pinned)
@@ -199,7 +199,6 @@ class Pinner:
         except RuntimeError:  # no thread to be had: pin in the calling thread
             self.stop()
             return
-        self._thread = thread
         self._started.append(thread)
 
 
