@@ -53,6 +53,19 @@ def state_after(make_loader, dataset, workers, taken, **kwargs):
     return loader.state_dict()
 
 
+def torchdata_state_after(dataset, workers, taken, **kwargs):
+    """``state_after`` for torchdata's StatefulDataLoader, over the twin of
+    ``dataset`` with torch's base class (torchdata tells the kinds apart by
+    torch's classes); skipped without torchdata."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader",
+                                   reason="torchdata's StatefulDataLoader is the reference")
+    import torch.utils.data as torch_data
+    bases = ((Cursor, torch_data.IterableDataset) if dataset is Stream
+             else (Counting, torch_data.Dataset))
+    return state_after(stateful.StatefulDataLoader, type(dataset.__name__, bases, {}), workers,
+                       taken, **kwargs)
+
+
 def torchdata_part(state):
     """The torchdata keys of ``state``, without the two whose values are each
     loader's own draws: the base seed, and the sampler iterator's position
@@ -74,14 +87,7 @@ CASES = [(dataset, workers, taken)
 
 @pytest.mark.parametrize("dataset,workers,taken", CASES)
 def test_torchdata_keys_hold_what_torchdata_says(dataset, workers, taken):
-    stateful = pytest.importorskip("torchdata.stateful_dataloader",
-                                   reason="torchdata's StatefulDataLoader is the reference")
-    import torch.utils.data as torch_data
-    # torchdata tells the kinds apart by torch's classes.
-    theirs_dataset = type(dataset.__name__, (Cursor, torch_data.IterableDataset)
-                          if dataset is Stream else (Counting, torch_data.Dataset), {})
-    theirs = torchdata_part(state_after(stateful.StatefulDataLoader, theirs_dataset, workers,
-                                        taken))
+    theirs = torchdata_part(torchdata_state_after(dataset, workers, taken))
     ours = state_after(fl.DataLoader, dataset, workers, taken)
     # A map-style state with workers: each replica's own count.
     assert torchdata_part(ours) == theirs
@@ -149,13 +155,7 @@ def step_keys(state):
 
 @pytest.mark.parametrize("dataset,taken", [(CountingMap, 2), (CountingMap, 4), (Stream, 4)])
 def test_snapshot_steps_as_torchdata_counts_them_between_snapshots(dataset, taken):
-    stateful = pytest.importorskip("torchdata.stateful_dataloader",
-                                   reason="torchdata's StatefulDataLoader is the reference")
-    import torch.utils.data as torch_data
-    theirs_dataset = type(dataset.__name__, (Cursor, torch_data.IterableDataset)
-                          if dataset is Stream else (Counting, torch_data.Dataset), {})
-    theirs = state_after(stateful.StatefulDataLoader, theirs_dataset, 2, taken,
-                         snapshot_every_n_steps=3)
+    theirs = torchdata_state_after(dataset, 2, taken, snapshot_every_n_steps=3)
     ours = state_after(fl.DataLoader, dataset, 2, taken, snapshot_every_n_steps=3)
     assert step_keys(ours) == step_keys(theirs)
 
