@@ -106,18 +106,20 @@ class MapDatasetFetcher(DatasetFetcher):
         if self._getitems is not None:
             return self._getitems(index)
         dataset = self.dataset
+        cursor = sample_context.cursor
         data = []
         for i in index:
-            sample_context.index = i
+            cursor.index = i
             data.append(dataset[i])
-        sample_context.index = None
+        cursor.index = None
         return data
 
     def fetch(self, possibly_batched_index: Any) -> Any:
         if not self.auto_collation:
-            sample_context.index = possibly_batched_index
+            cursor = sample_context.cursor
+            cursor.index = possibly_batched_index
             sample = self.dataset[possibly_batched_index]
-            sample_context.index = None
+            cursor.index = None
             return self.collate_fn(sample)
         return self.collate(self.fetch_samples(possibly_batched_index), possibly_batched_index)
 
@@ -205,8 +207,8 @@ def describe_failure(index: Any) -> str:
     """Where a worker's fetch of ``index`` failed, for its error message:
     the sample being fetched when it raised (kept in the sample context,
     NOTE [ Per-sample randomness ]), else the batch's indices."""
-    failed_at = sample_context.index
-    sample_context.index = None
+    cursor = sample_context.cursor
+    failed_at, cursor.index = cursor.index, None
     if failed_at is not None:
         return f"while loading index {failed_at}"
     if index is None:
