@@ -143,15 +143,29 @@ class SlotPolicy:
                     return lease
                 continue
             if not self._a_worker_can_answer():
-                pool = self.workers.pool
-                raise ShmError(
-                    f"every slot of the loader's shared memory ({pool.nbytes} bytes, "
-                    "its cap) is held by batches this program still references; "
-                    "drop or copy (np.copy) batches you keep")
+                raise self._cap_error()
             self._pump(deadline)
             lease = self.workers.pool.acquire()
             if lease is not None:
                 return lease
+
+    def _cap_error(self) -> ShmError:
+        """What holds the pool at its cap, no worker being able to answer:
+        batches the program keeps, or else the loader's own tasks, each
+        holding a slot while tasks before it on its worker wait for one."""
+        pool, table = self.workers.pool, self.table
+        tasks = [*table.in_flight.values(), *table.stale.values(),
+                 *(task for task, _ in table.ready.values())]
+        held_by_tasks = sum(task.lease is not None for task in tasks)
+        if pool.leased > held_by_tasks:
+            return ShmError(
+                f"every slot of the loader's shared memory ({pool.nbytes} bytes, its cap) "
+                "is held by batches this program still references; drop or copy "
+                "(np.copy) batches you keep")
+        return ShmError(
+            f"the loader's shared memory ({pool.nbytes} bytes, its cap) is held by the "
+            f"slots of the batches in flight ({held_by_tasks}), while batches before them "
+            "need bigger ones; use a smaller batch_size, prefetch_factor or num_workers")
 
     def _a_worker_can_answer(self) -> bool:
         """Whether a worker is loading a task, not waiting for a slot: a
@@ -207,16 +221,24 @@ class SlotPolicy:
         cap too: a worker whose request stayed unanswered here could keep
         the wait that follows from ever ending."""
         pool = self.workers.pool
-        put_off = []
-        while self._needs:
-            message = self._needs.pop(0)
-            task = self.table.in_flight.get(message[1]) or self.table.stale.get(message[1])
-            if (awaited_worker is None or task is None or task.worker_id == awaited_worker
-                    or (message[2] <= pool.slot_size and pool.free_slots)):
-                self._reslot(message[1], message[2])
-            else:
-                put_off.append(message)
-        self._needs = put_off
+        needs, put_off = self._needs, []
+        try:
+            while needs:
+                # Those that come during a wait at the cap are appended.
+                message = needs[0]
+                task = self.table.in_flight.get(message[1]) or self.table.stale.get(message[1])
+                if (awaited_worker is None or task is None or task.worker_id == awaited_worker
+                        or (message[2] <= pool.slot_size and pool.free_slots)):
+                    self._reslot(message[1], message[2])
+                else:
+                    put_off.append(message)
+                del needs[0]
+        finally:
+            # A request whose slot could not be had (the error raised at
+            # the cap) stays, with those put off: its worker waits for the
+            # answer, which a later call gives, once the user dropped the
+            # batches holding the pool.
+            needs[:0] = put_off
 
     def _reslot(self, task_id: int, nbytes: int) -> None:
         """A bigger slot for task ``task_id``, whose worker waits for it."""

@@ -276,3 +276,46 @@ def test_round_robin_passes_retired_workers_over_in_the_same_turns(in_order):
     assert [robin.next_worker(table) for _ in range(2)] == [1, 1]
     robin.retire(1)
     assert not robin.has_active
+
+
+def test_a_request_for_a_slot_outlives_the_error_at_the_cap():
+    # The user holds batch 0 while task 1 asks for a bigger slot that the
+    # cap leaves no room for: ShmError. Once the batch is dropped, the next
+    # call answers the request (it hung before: the request was dropped
+    # with the error, and its worker waited for ever), and every batch
+    # after it arrives.
+    asked = set()
+
+    def answer(worker_id, task_id, index):
+        if index == 1 and task_id not in asked:
+            asked.add(task_id)
+            workers.tasks[worker_id].insert(0, (task_id, index))  # it waits for its slot
+            return [(NEED, task_id, 3 * 4096)]
+        return [workers.done(task_id, np.int64(index))]
+
+    # Two slots of 4096, or one of 3 * 4096 beside them: not both.
+    workers = ScriptedWorkers(1, answer, max_bytes=4 * 4096)
+    dispatcher = dispatcher_over(workers, range(4), prefetch_factor=1)
+    task, held = dispatcher.next_ready(lambda task: None)
+    assert int(held[0]) == 0
+    with pytest.raises(fl.ShmError, match="held by batches this program still references"):
+        dispatcher.next_ready(lambda task: None)
+    with pytest.raises(fl.ShmError):  # still held: the same error, not a hang
+        dispatcher.next_ready(lambda task: None)
+    del task, held
+    assert delivered(dispatcher) == [(1, 1), (2, 2), (3, 3)]
+    assert [m[1] for _, m in workers.sent if m[0] == RESLOT] == [1]
+
+
+def test_at_the_cap_slots_held_by_tasks_in_flight_are_named_as_such():
+    # Task 0 asks for a bigger slot while task 1, queued behind it on the
+    # same worker, holds the other slot the cap allows: nothing the
+    # program keeps is at fault, and the error says what to change.
+    def answer(worker_id, task_id, index):
+        workers.tasks[worker_id].insert(0, (task_id, index))  # it waits for its slot
+        return [(NEED, task_id, 3 * 4096)]
+
+    workers = ScriptedWorkers(1, answer, max_bytes=4 * 4096)
+    dispatcher = dispatcher_over(workers, range(4), prefetch_factor=2)
+    with pytest.raises(fl.ShmError, match=r"batches in flight \(1\).*smaller batch_size"):
+        dispatcher.next_ready(lambda task: None)
