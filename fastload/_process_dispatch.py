@@ -316,6 +316,7 @@ class ProcessDispatcher(SlotPolicy):
         """The record of a task whose index is too large for one: the index
         starts the task's slot (a bigger one if it must)."""
         index_bytes = pickle.dumps(task.index, protocol=5)
+        task.index_in_slot = True
         if task.lease is None or task.lease.capacity < len(index_bytes):
             task.lease = self.workers.pool.acquire(len(index_bytes)) or self._acquire_at_cap()
         with memoryview(task.lease) as slot:

@@ -32,8 +32,11 @@ late task is due within that many deliveries, and the pool meanwhile
 grows by no more than the batches those deliver and the slots of the
 tasks in flight, so it can always grow for the task awaited. Past that
 every task reserves its slot as it is sent, as before; a wait for a slot
-at the cap copies ready batches out of theirs, and raises once no worker
-is loading (``_acquire_at_cap``).
+at the cap copies ready batches out of theirs, takes back the slots of
+tasks queued behind one whose worker waits for a bigger slot (REVOKE: that
+worker cannot reach them first, and each then asks for its slot as a late
+task does; else a slot queued behind could be the one the task before it
+waits for), and raises once no worker is loading (``_acquire_at_cap``).
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ import pickle
 from typing import TYPE_CHECKING, Any
 
 from fastload._dispatch import deadline_after
-from fastload._protocol import RESLOT
+from fastload._protocol import RESLOT, REVOKE
 from fastload._task_table import STREAM_ENDED, Failure, Task, TaskTable
 from fastload.errors import ShmError
 
@@ -129,15 +132,17 @@ class SlotPolicy:
     def _acquire_at_cap(self) -> Any:
         """A slot when the pool may not grow: from now on batches are copied
         out of their slots (see _keeps_slot). Batches waiting to be
-        delivered are copied out first; then it waits for a worker's answer,
-        as long as a worker is loading rather than waiting for a slot itself."""
+        delivered are copied out first, and tasks queued behind one that
+        waits for a slot give theirs up; then it waits for a worker's
+        answer, as long as a worker is loading rather than waiting for a
+        slot itself."""
         self._copy_out = True
         deadline = deadline_after(self._timeout)
         while True:
             # Batches waiting to be delivered hold slots, and the one
             # awaited may be the task that needs this slot: copy them out to
             # private memory first (every batch is a copy at the cap anyway).
-            if self._copy_ready_batch_out():
+            if self._copy_ready_batch_out() or self._revoke_queued_slots():
                 lease = self.workers.pool.acquire()
                 if lease is not None:
                     return lease
@@ -254,3 +259,28 @@ class SlotPolicy:
         task.lease = pool.acquire(nbytes) or self._acquire_at_cap()
         task.awaits_slot = False
         self.workers.send(task.worker_id, (RESLOT, task_id, slot_of(task.lease), 0))
+
+    def _revoke_queued_slots(self) -> bool:
+        """At the pool's cap: take back the slots of the tasks queued behind
+        one whose worker waits for a bigger slot (REVOKE); whether any was.
+        That worker writes nothing before its answer, and loads its tasks in
+        the order sent, so those slots are untouched; each such task asks
+        for one when its worker reaches it, as a late task does (NOTE [
+        Late slots ]). Not a slot that holds its task's index."""
+        table, any_revoked = self.table, False
+        for worker_id, (first_id, first) in self._loaded_next().items():
+            if not first.awaits_slot:
+                continue
+            queued = [(task_id, task) for tasks in (table.in_flight, table.stale)
+                      for task_id, task in tasks.items()
+                      if task.worker_id == worker_id and task_id > first_id
+                      and task.lease is not None and not task.index_in_slot]
+            if not queued:
+                continue
+            # Sent before the slots are free: the worker reads it before the
+            # answer that lets it go on (its ring keeps the order).
+            self.workers.send(worker_id, (REVOKE, sorted(task_id for task_id, _ in queued)))
+            for _, task in queued:
+                task.lease = None
+            any_revoked = True
+        return any_revoked

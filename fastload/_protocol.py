@@ -36,6 +36,11 @@ Main process -> worker (task ring):
   (SEGMENT, segment_id, nbytes)    a new pool segment, sent just before on
                                    the worker's Unix socket (shm.send_segments)
   (RETIRE, segment_id)             unmap a segment the pool dropped
+  (REVOKE, task_ids)               the slots of these tasks, queued behind
+                                   the one the worker waits a RESLOT for,
+                                   are taken back: each asks for a slot as
+                                   a task sent without one does (NOTE [ Late
+                                   slots ])
   (RESET, epoch, pipe_seed, serial)
                                    a new epoch with persistent workers: start
                                    a fresh fetcher (a new dataset iterator);
@@ -99,7 +104,7 @@ from typing import Any
 
 from fastload_c import record
 
-TASK, TASK_INDEX_IN_SLOT, RESLOT, SEGMENT, RETIRE, RESET = range(6)
+TASK, TASK_INDEX_IN_SLOT, RESLOT, SEGMENT, RETIRE, RESET, REVOKE = range(7)
 DONE, NEED, ENDED, FAILED, LARGE, STARTED = range(6)
 # The task id of failures outside a task (worker_init_fn, the task loop).
 INIT_TASK = -1

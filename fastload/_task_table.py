@@ -52,7 +52,7 @@ class Task:
     """One batch a worker loads (see NOTE [ Task lifecycle ])."""
 
     __slots__ = ("worker_id", "index", "lease", "position", "sampler_state", "dataset_state",
-                 "has_dataset_state", "dataset_ended", "awaits_slot")
+                 "has_dataset_state", "dataset_ended", "awaits_slot", "index_in_slot")
 
     def __init__(self, worker_id: int, index: Any, lease: Any, position: int | None,
                  sampler_state: Any) -> None:
@@ -72,6 +72,8 @@ class Task:
         self.dataset_ended = False
         # Its worker asked for a slot (NEED) and waits for the answer.
         self.awaits_slot = False
+        # Its index starts its slot (TASK_INDEX_IN_SLOT): the slot stays its own.
+        self.index_in_slot = False
 
 
 class Failure:

@@ -31,6 +31,7 @@ from fastload._protocol import (
     RESET,
     RESLOT,
     RETIRE,
+    REVOKE,
     SEGMENT,
     STARTED,
     TASK,
@@ -126,6 +127,9 @@ class _Worker:
         self.writer = BatchWriter(self.dataset, self.kind, self.auto_collation, self.collate_fn,
                                   unmapped_slot_bytes=_memory.UNMAPPED_SLOT_BYTES)
         self.backlog: deque[tuple[Any, ...]] = deque()
+        # Tasks whose slots the main process took back (REVOKE): each asks
+        # for one as a late task does (NOTE [ Late slots ]).
+        self.revoked: set[int] = set()
         self.fetcher: Any = None
         self.ended = False
         self.snapshot_every: int = config["snapshot_every_n_steps"]
@@ -212,6 +216,8 @@ class _Worker:
                 self.receive_segment(message[1], message[2])
             elif kind == RETIRE:
                 self.segments.pop(message[1]).close()
+            elif kind == REVOKE:
+                self.revoked.update(message[1])
             elif kind == RESET:
                 sample_context.epoch, self.pipe_seed = message[1], message[2]
                 self.new_fetcher()
@@ -249,6 +255,9 @@ class _Worker:
         self.segments[segment_id] = segment
 
     def load(self, task_id: int, index: Any, slot: tuple[int, int, int]) -> None:
+        if task_id in self.revoked:
+            self.revoked.discard(task_id)
+            slot = (NO_SEGMENT, 0, slot[2])
         if self.ended:
             self.reply(ENDED, task_id, self.fetcher.state())
             return
@@ -336,6 +345,9 @@ class _Worker:
             return message[2], message[3]
         if message[0] == SEGMENT:
             self.receive_segment(message[1], message[2])
+        elif message[0] == REVOKE:
+            # Now, not kept: the slots it names are another task's from now on.
+            self.revoked.update(message[1])
         else:
             self.backlog.append(message)
         return None

@@ -12,7 +12,18 @@ from fastload._iterator import EpochDraw
 from fastload._process_dispatch import ProcessDispatcher, WorkerSetupFailed
 from fastload._process_slots import LATE_SLOT_BYTES
 from fastload._progress import Progress
-from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, NEED, RESLOT, TASK, decode
+from fastload._protocol import (
+    DONE,
+    ENDED,
+    FAILED,
+    INIT_TASK,
+    NEED,
+    RESLOT,
+    REVOKE,
+    TASK,
+    TASK_INDEX_IN_SLOT,
+    decode,
+)
 from fastload._stats import WorkerStats
 from fastload._task_table import Failure
 from fastload_c.pack import collate_into
@@ -39,7 +50,7 @@ class ScriptedWorkers:
 
     def send_record(self, worker_id, data):
         message = decode(data)
-        assert message[0] == TASK
+        assert message[0] in (TASK, TASK_INDEX_IN_SLOT)
         self.tasks[worker_id].append((message[1], message[2]))
         self.slots[message[1]] = message[3]
         self.sent.append((worker_id, message))
@@ -307,15 +318,37 @@ def test_a_request_for_a_slot_outlives_the_error_at_the_cap():
     assert [m[1] for _, m in workers.sent if m[0] == RESLOT] == [1]
 
 
-def test_at_the_cap_slots_held_by_tasks_in_flight_are_named_as_such():
+def test_at_the_cap_a_task_queued_behind_one_that_asks_gives_its_slot_up():
     # Task 0 asks for a bigger slot while task 1, queued behind it on the
-    # same worker, holds the other slot the cap allows: nothing the
-    # program keeps is at fault, and the error says what to change.
+    # same worker, holds the other slot the cap allows. Its worker cannot
+    # reach task 1 before task 0 is written, so that slot is taken back
+    # (REVOKE, sent before the answer) and task 1 asks for one in its turn
+    # (it raised ShmError before, as if the program held the batches).
+    def answer(worker_id, task_id, index):
+        lease = workers.dispatcher.table.in_flight[task_id].lease
+        if lease is None or lease.capacity < 3 * 4096:
+            workers.tasks[worker_id].insert(0, (task_id, index))  # it waits for its slot
+            return [(NEED, task_id, 3 * 4096)]
+        return [workers.done(task_id, np.int64(index))]
+
+    workers = ScriptedWorkers(1, answer, max_bytes=4 * 4096)
+    dispatcher = dispatcher_over(workers, range(4), prefetch_factor=2)
+    assert delivered(dispatcher) == [(i, i) for i in range(4)]
+    told = [m[:2] for _, m in workers.sent if m[0] in (REVOKE, RESLOT)]
+    assert told[:2] == [(REVOKE, [1]), (RESLOT, 0)]
+
+
+def test_at_the_cap_a_slot_holding_its_tasks_index_is_kept_and_the_error_says_so():
+    # Task 1's index starts its slot (too large for a record): that slot
+    # stays, and with nothing the program keeps, the error names the
+    # batches in flight and what to change.
     def answer(worker_id, task_id, index):
         workers.tasks[worker_id].insert(0, (task_id, index))  # it waits for its slot
         return [(NEED, task_id, 3 * 4096)]
 
-    workers = ScriptedWorkers(1, answer, max_bytes=4 * 4096)
-    dispatcher = dispatcher_over(workers, range(4), prefetch_factor=2)
+    workers = ScriptedWorkers(1, answer, max_bytes=5 * 4096)
+    dispatcher = dispatcher_over(workers, [[0], list(range(3000))], prefetch_factor=2)
+    assert dispatcher.table.in_flight[1].index_in_slot
     with pytest.raises(fl.ShmError, match=r"batches in flight \(1\).*smaller batch_size"):
         dispatcher.next_ready(lambda task: None)
+    assert not any(m[0] == REVOKE for _, m in workers.sent)
