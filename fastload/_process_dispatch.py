@@ -109,6 +109,10 @@ class ProcessDispatcher(SlotPolicy):
         # messages), and dispatches owed for delivered batches.
         self._needs: list[tuple[Any, ...]] = []
         self._owed = 0
+        # A batch drawn (index, position, snapshot, worker) whose wait for a
+        # slot at the cap raised: the next dispatch sends it, to the same
+        # worker, so the error loses no batch.
+        self._held_back: tuple[Any, int, Any, int] | None = None
         self._copy_out = False
         self._resets = 0  # RESETs sent: the serial their STARTED answers carry
         # The serial whose answers this epoch's start waits for (0: set-up),
@@ -130,7 +134,7 @@ class ProcessDispatcher(SlotPolicy):
         self._replicas = progress.workers
         self._round_robin.begin(progress)
         self.table.order = []
-        self._owed = 0
+        self._owed, self._held_back = 0, None
         for _ in range(self._prefetch):
             self._dispatch()
 
@@ -265,27 +269,37 @@ class ProcessDispatcher(SlotPolicy):
         """Send the next batch's task to the next active worker, if any;
         once the sampler ran out, the next lookahead task. ``lease``: a slot
         to send it in, instead of one from the pool."""
-        if self._draw.done:
-            self._dispatch_lookahead()
-            return
-        if not self._round_robin.has_active:
-            return
-        drawn = self._draw.next()
-        if drawn is None:
-            if self._draw.failure is not None:
-                return  # raised once the batches before it are delivered
-            self.table.abandon(self._carried.drop())
-            self._start_lookahead()
-            self._dispatch_lookahead()
-            return
-        index, position, snapshot = drawn
-        worker_id = self._round_robin.next_worker(self.table)
+        held, self._held_back = self._held_back, None
+        if held is not None:
+            index, position, snapshot, worker_id = held
+        else:
+            if self._draw.done:
+                self._dispatch_lookahead()
+                return
+            if not self._round_robin.has_active:
+                return
+            drawn = self._draw.next()
+            if drawn is None:
+                if self._draw.failure is not None:
+                    return  # raised once the batches before it are delivered
+                self.table.abandon(self._carried.drop())
+                self._start_lookahead()
+                self._dispatch_lookahead()
+                return
+            index, position, snapshot = drawn
+            worker_id = self._round_robin.next_worker(self.table)
         task_id = None
         if self._carried.tasks:
             task_id = self._carried.adopt_into(self.table, index, worker_id, position, snapshot)
         if task_id is None:
             if lease is None and not (self._may_slot_late and self._starts_later(worker_id)):
-                lease = self.workers.pool.acquire() or self._acquire_at_cap()
+                lease = self.workers.pool.acquire()
+                if lease is None:
+                    try:
+                        lease = self._acquire_at_cap()
+                    except BaseException:
+                        self._held_back = (index, position, snapshot, worker_id)
+                        raise
             task_id = self._send_task(worker_id, index, lease, position, snapshot)
         self.table.order.append(task_id)
 

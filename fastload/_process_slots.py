@@ -215,8 +215,8 @@ class SlotPolicy:
             self._serve_needs(awaited_worker)
         if awaited_worker is None and self._owed:
             while self._owed:
+                self._dispatch()  # counted once sent: a dispatch may raise at the cap
                 self._owed -= 1
-                self._dispatch()
             if self._needs:  # those that came while a dispatch waited at the cap
                 self._serve_needs(None)
 

@@ -352,3 +352,44 @@ def test_at_the_cap_a_slot_holding_its_tasks_index_is_kept_and_the_error_says_so
     with pytest.raises(fl.ShmError, match=r"batches in flight \(1\).*smaller batch_size"):
         dispatcher.next_ready(lambda task: None)
     assert not any(m[0] == REVOKE for _, m in workers.sent)
+
+
+class _DryPool:
+    """A pool that, while ``dry``, has no free slot and cannot grow (at its cap)."""
+
+    def __init__(self, pool):
+        self._pool = pool
+        self.dry = False
+
+    def __getattr__(self, name):
+        return getattr(self._pool, name)
+
+    @property
+    def free_slots(self):
+        return 0 if self.dry else self._pool.free_slots
+
+    def acquire(self, nbytes=0):
+        return None if self.dry else self._pool.acquire(nbytes)
+
+
+def test_a_batch_drawn_when_the_wait_at_the_cap_raised_is_sent_by_the_next_call():
+    # A delivery with no free slot leaves the next batch's dispatch owed;
+    # in the next call the pool is at its cap and the wait for a slot
+    # raises (a timeout, here). The batch drawn for it was lost before:
+    # the epoch went on without position 2.
+    def answer(worker_id, task_id, index):
+        return [workers.done(task_id, np.int64(index))]
+
+    def times_out():
+        raise RuntimeError("DataLoader timed out after 1 seconds")
+
+    workers = ScriptedWorkers(1, answer)
+    dispatcher = dispatcher_over(workers, range(6), prefetch_factor=2)
+    pool = workers.pool = _DryPool(workers.pool)
+    assert dispatcher.next_ready(lambda task: None)[0].position == 0  # the next one owed
+    pool.dry, dispatcher._acquire_at_cap = True, times_out
+    with pytest.raises(RuntimeError, match="timed out"):
+        dispatcher.next_ready(lambda task: None)
+    pool.dry = False
+    del dispatcher._acquire_at_cap
+    assert delivered(dispatcher) == [(i, i) for i in range(1, 6)]
