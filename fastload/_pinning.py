@@ -176,16 +176,18 @@ class Pinner:
         self._jobs.put(pinned)
         return pinned
 
-    def wait_for_one(self) -> bool:
+    def wait_for_one(self, timeout: float | None = None) -> bool:
         """Wait until the oldest batch not pinned yet is (its slot is then
-        free); whether there was one."""
+        free), at most ``timeout`` seconds (None: for ever; PinTimedOut past
+        it, the batch still pending); whether there was one."""
         pending = self._pending
-        while pending:
-            oldest = pending.popleft()
-            if not oldest.done():
-                futures.wait([oldest])
-                return True
-        return False
+        while pending and pending[0].done():
+            pending.popleft()
+        if not pending:
+            return False
+        pending[0].within(timeout)
+        pending.popleft()
+        return True
 
     def _start(self) -> None:
         try:

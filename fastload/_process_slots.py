@@ -40,10 +40,13 @@ waits for), and raises once no worker is loading (``_acquire_at_cap``).
 """
 from __future__ import annotations
 
+import math
 import pickle
 from typing import TYPE_CHECKING, Any
 
-from fastload._dispatch import deadline_after
+from fastload._dispatch import deadline_after, wait_seconds
+from fastload._iterator import timed_out
+from fastload._pinning import PinTimedOut
 from fastload._protocol import RESLOT, REVOKE
 from fastload._task_table import STREAM_ENDED, Failure, Task, TaskTable
 from fastload.errors import ShmError
@@ -142,7 +145,7 @@ class SlotPolicy:
             # Batches waiting to be delivered hold slots, and the one
             # awaited may be the task that needs this slot: copy them out to
             # private memory first (every batch is a copy at the cap anyway).
-            if self._copy_ready_batch_out() or self._revoke_queued_slots():
+            if self._copy_ready_batch_out(deadline) or self._revoke_queued_slots():
                 lease = self.workers.pool.acquire()
                 if lease is not None:
                     return lease
@@ -177,13 +180,20 @@ class SlotPolicy:
         worker that waits for one answers nothing until it gets it."""
         return any(not task.awaits_slot for _, task in self._loaded_next().values())
 
-    def _copy_ready_batch_out(self) -> bool:
-        """Wait until a batch being pinned is (NOTE [ Pinning by copy ]), or
-        copy one waiting to be delivered out of its slot: either slot is
-        then free; whether there was one."""
+    def _copy_ready_batch_out(self, deadline: float | None) -> bool:
+        """Wait until a batch being pinned is (NOTE [ Pinning by copy ]), at
+        most until ``deadline`` (the user's timeout error past it), or copy
+        one waiting to be delivered out of its slot: either slot is then
+        free; whether there was one."""
         pinner = self.table.pinner
-        if pinner is not None and pinner.wait_for_one():
-            return True  # its slot is free once it is pinned
+        if pinner is not None:
+            seconds = None if deadline is None else wait_seconds(deadline, math.inf,
+                                                                 self._timeout)
+            try:
+                if pinner.wait_for_one(seconds):
+                    return True  # its slot is free once it is pinned
+            except PinTimedOut:
+                raise timed_out(self._timeout) from None
         ready = self.table.ready
         for task_id, (task, batch) in ready.items():
             if task.lease is not None and not isinstance(batch, Failure) \

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import fastload as fl
-from fastload._pinning import Pinner
+from fastload._pinning import Pinner, PinTimedOut
 from fastload_c.slab import Lease
 
 PATHS = [dict(num_workers=0), dict(num_workers=2),
@@ -247,6 +247,22 @@ def test_a_pinner_stopped_gives_up_what_waits_and_pins_what_comes_after_inline()
     after = pinner.submit(np.full(2, 9))
     assert after.done() and after.result().tolist() == [9, 9]  # in this thread
     assert pinning.threads == {"fastload-pin-memory", threading.current_thread().name}
+
+
+@pytest.mark.timeout(30)
+def test_the_wait_for_a_pin_at_the_pools_cap_is_bounded():
+    # At the cap the loader waits for the oldest batch being pinned to free
+    # its slot: within what is left of ``timeout`` (it waited for ever
+    # before), the batch staying pending for the next wait.
+    pinner = Pinner(FakePinning(seconds=0.5))
+    pinned = pinner.submit(np.full(3, 7))
+    with pytest.raises(PinTimedOut):
+        pinner.wait_for_one(0.01)
+    assert not pinned.done()
+    assert pinner.wait_for_one(None)
+    assert pinned.result(timeout=0).tolist() == [7, 7, 7]
+    assert not pinner.wait_for_one(0.01)  # nothing left to wait for
+    pinner.stop()
 
 
 @pytest.mark.timeout(60)
