@@ -109,9 +109,10 @@ class ProcessDispatcher(SlotPolicy):
         # messages), and dispatches owed for delivered batches.
         self._needs: list[tuple[Any, ...]] = []
         self._owed = 0
-        # A batch drawn (index, position, snapshot, worker) whose wait for a
-        # slot at the cap raised: the next dispatch sends it, to the same
-        # worker, so the error loses no batch.
+        # A batch drawn (index, position, snapshot, worker) whose sending
+        # raised (the wait for a slot at the cap, an index pickle cannot
+        # write): the next dispatch sends it, to the same worker, so the
+        # error loses no batch.
         self._held_back: tuple[Any, int, Any, int] | None = None
         self._copy_out = False
         self._resets = 0  # RESETs sent: the serial their STARTED answers carry
@@ -224,10 +225,16 @@ class ProcessDispatcher(SlotPolicy):
                     # (the worker is done with it).
                     batch = copy_out(batch)
                     task.lease = None
-                if pool.free_slots:
-                    self._dispatch()
-                else:
+                if not pool.free_slots:
                     self._owed += 1  # growing the pool can wait for the next call
+                else:
+                    try:
+                        self._dispatch()
+                    except Exception:
+                        # The batch taken is the user's: the dispatch is
+                        # made again, raising if it must, by the next call
+                        # (its batch held back, _held_back).
+                        self._owed += 1
                 return task, batch
             if not table.order:
                 return None
@@ -292,15 +299,13 @@ class ProcessDispatcher(SlotPolicy):
         if self._carried.tasks:
             task_id = self._carried.adopt_into(self.table, index, worker_id, position, snapshot)
         if task_id is None:
-            if lease is None and not (self._may_slot_late and self._starts_later(worker_id)):
-                lease = self.workers.pool.acquire()
-                if lease is None:
-                    try:
-                        lease = self._acquire_at_cap()
-                    except BaseException:
-                        self._held_back = (index, position, snapshot, worker_id)
-                        raise
-            task_id = self._send_task(worker_id, index, lease, position, snapshot)
+            try:
+                if lease is None and not (self._may_slot_late and self._starts_later(worker_id)):
+                    lease = self.workers.pool.acquire() or self._acquire_at_cap()
+                task_id = self._send_task(worker_id, index, lease, position, snapshot)
+            except BaseException:
+                self._held_back = (index, position, snapshot, worker_id)
+                raise
         self.table.order.append(task_id)
 
     def _send_task(self, worker_id: int, index: Any, lease: Any, position: int | None,
@@ -320,16 +325,30 @@ class ProcessDispatcher(SlotPolicy):
         task_id = self.table.add(task)
         slot = (slot_of(lease) if lease is not None
                 else (NO_SEGMENT, 0, self.workers.pool.slot_size))
-        data = _protocol.task_message(task_id, index, slot)
-        if data is None:
-            data = self._index_in_slot(task, task_id)
-        self.workers.send_record(worker_id, data)
+        try:
+            data = _protocol.task_message(task_id, index, slot)
+            index_bytes = b"" if data is not None else pickle.dumps(index, protocol=5)
+        except Exception as exc:
+            # An index pickle cannot write (a sampler's own objects): that
+            # batch raises in its place, as a failed fetch would, and the
+            # epoch goes on.
+            self.table.finish(task_id, Failure(WorkerError(
+                exc, worker_id, f"while the main process sent the indices "
+                                f"{describe_indices(index)} to the worker")))
+            return task_id
+        try:
+            if data is None:
+                data = self._index_in_slot(task, task_id, index_bytes)
+            self.workers.send_record(worker_id, data)
+        except BaseException:
+            del self.table.in_flight[task_id]  # never sent: no answer will come
+            raise
         return task_id
 
-    def _index_in_slot(self, task: Task, task_id: int) -> bytes:
+    def _index_in_slot(self, task: Task, task_id: int, index_bytes: bytes) -> bytes:
         """The record of a task whose index is too large for one: the index
-        starts the task's slot (a bigger one if it must)."""
-        index_bytes = pickle.dumps(task.index, protocol=5)
+        (``index_bytes``, pickled) starts the task's slot (a bigger one if
+        it must)."""
         task.index_in_slot = True
         if task.lease is None or task.lease.capacity < len(index_bytes):
             task.lease = self.workers.pool.acquire(len(index_bytes)) or self._acquire_at_cap()

@@ -658,3 +658,46 @@ def test_a_dataset_that_cannot_be_pickled_raises_the_picklers_error_saying_what_
                            multiprocessing_context=method))
     loader = fl.DataLoader(dataset, batch_size=2, num_workers=2, multiprocessing_context="fork")
     assert [batch[:, 0].tolist() for batch in loader] == [[0, 1], [2, 3]]
+
+
+class _RefusedIndex(int):
+    """An index a sampler makes whose pickle refuses 13."""
+
+    def __reduce__(self):
+        if int(self) == 13:
+            raise pickle.PicklingError("index 13 cannot be pickled")
+        return (int, (int(self),))
+
+
+class _RefusingBatches:
+    def __iter__(self):
+        for start in range(0, 24, 3):
+            yield [_RefusedIndex(i) for i in range(start, start + 3)]
+
+    def __len__(self):
+        return 8
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("in_order", [True, False])
+def test_a_batch_whose_indices_cannot_be_sent_raises_in_its_place(in_order):
+    # The main process pickles a task's indices for its worker: where that
+    # raises, that batch raises in its place, as a failed fetch does, and
+    # every other batch arrives (the epoch lost the batches around it, or
+    # stopped, before).
+    loader = fl.DataLoader(list(range(24)), batch_sampler=_RefusingBatches(), num_workers=2,
+                           in_order=in_order)
+    it, got = iter(loader), []
+    while True:
+        try:
+            got.append(next(it).tolist())
+        except StopIteration:
+            break
+        except pickle.PicklingError as error:
+            assert "while the main process sent the indices [12, 13, 14]" in str(error)
+            got.append("failed")
+    expected = [[i, i + 1, i + 2] for i in range(0, 24, 3)]
+    expected[4] = "failed"
+    if not in_order:
+        got, expected = sorted(map(str, got)), sorted(map(str, expected))
+    assert got == expected

@@ -393,3 +393,26 @@ def test_a_batch_drawn_when_the_wait_at_the_cap_raised_is_sent_by_the_next_call(
     pool.dry = False
     del dispatcher._acquire_at_cap
     assert delivered(dispatcher) == [(i, i) for i in range(1, 6)]
+
+
+def test_a_failed_send_after_a_delivery_keeps_the_batch_and_is_made_again():
+    # Sending the task that replaces a delivered batch raises (the ring to
+    # a worker, say): the delivered batch is still returned, and the send
+    # is made again, raising if it must, by the next call; no batch is lost.
+    def answer(worker_id, task_id, index):
+        return [workers.done(task_id, np.int64(index))]
+
+    workers = ScriptedWorkers(1, answer)
+    send_record, refused = workers.send_record, []
+
+    def refuses_index_3_once(worker_id, data):
+        if decode(data)[2] == 3 and not refused:
+            refused.append(3)
+            raise RuntimeError("the task ring refused the record")
+        send_record(worker_id, data)
+
+    workers.send_record = refuses_index_3_once
+    dispatcher = dispatcher_over(workers, range(6), prefetch_factor=3)
+    assert dispatcher.next_ready(lambda task: None)[0].position == 0  # then sends index 3
+    assert refused == [3]
+    assert delivered(dispatcher) == [(i, i) for i in range(1, 6)]
