@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastload._fast_path import BatchWriter, small_gathers
 from fastload._iterator import BaseIter, timed_out
@@ -15,6 +15,10 @@ from fastload._loader_state import LoaderState
 from fastload._pinning import Pinner
 from fastload._progress import Progress
 from fastload._task_table import TaskTable
+
+if TYPE_CHECKING:
+    from fastload._iterator import EpochDraw
+    from fastload._lookahead import CarriedTasks
 
 
 def tasks_in_flight(loader: Any) -> int:
@@ -94,6 +98,41 @@ class RoundRobin:
                 break
             worker_id = next(self._turns)
         return worker_id
+
+
+class DrawsTasks:
+    """How both dispatchers (worker processes' ProcessDispatcher, worker
+    threads' ThreadIter) pick the next batch to send: the draw, the
+    worker's turn, and the lookahead once the sampler ran out."""
+
+    _draw: EpochDraw
+    _round_robin: RoundRobin
+    _carried: CarriedTasks
+
+    if TYPE_CHECKING:
+        def _start_lookahead(self) -> None: ...
+        def _dispatch_lookahead(self) -> None: ...
+
+    def _draw_task(self, table: TaskTable) -> tuple[Any, int, Any, int] | None:
+        """The next batch of the epoch to send and its worker: (index,
+        position, snapshot, worker id). None when there is none to send:
+        no worker's stream goes on, the sampler raised (raised once the
+        batches before it are delivered), or it ran out, the lookahead's
+        next task sent instead."""
+        if self._draw.done:
+            self._dispatch_lookahead()
+            return None
+        if not self._round_robin.has_active:
+            return None
+        drawn = self._draw.next()
+        if drawn is None:
+            if self._draw.failure is None:
+                table.abandon(self._carried.drop())
+                self._start_lookahead()
+                self._dispatch_lookahead()
+            return None
+        index, position, snapshot = drawn
+        return index, position, snapshot, self._round_robin.next_worker(table)
 
 
 class WorkerIter(BaseIter):

@@ -34,6 +34,7 @@ from typing import Any
 
 from fastload import _checkpoint, _protocol
 from fastload._dispatch import (
+    DrawsTasks,
     RoundRobin,
     deadline_after,
     tasks_in_flight,
@@ -78,7 +79,7 @@ class WorkerSetupFailed(Exception):
         self.error = error
 
 
-class ProcessDispatcher(SlotPolicy):
+class ProcessDispatcher(SlotPolicy, DrawsTasks):
     """The tasks of one iterator's worker processes, each in one state of
     ``table``. Holds no reference to the iterator: the worker group must
     die with the iterator by reference counting (see _worker_group)."""
@@ -276,25 +277,11 @@ class ProcessDispatcher(SlotPolicy):
         """Send the next batch's task to the next active worker, if any;
         once the sampler ran out, the next lookahead task. ``lease``: a slot
         to send it in, instead of one from the pool."""
-        held, self._held_back = self._held_back, None
-        if held is not None:
-            index, position, snapshot, worker_id = held
-        else:
-            if self._draw.done:
-                self._dispatch_lookahead()
-                return
-            if not self._round_robin.has_active:
-                return
-            drawn = self._draw.next()
-            if drawn is None:
-                if self._draw.failure is not None:
-                    return  # raised once the batches before it are delivered
-                self.table.abandon(self._carried.drop())
-                self._start_lookahead()
-                self._dispatch_lookahead()
-                return
-            index, position, snapshot = drawn
-            worker_id = self._round_robin.next_worker(self.table)
+        drawn = self._held_back or self._draw_task(self.table)
+        self._held_back = None
+        if drawn is None:
+            return
+        index, position, snapshot, worker_id = drawn
         task_id = None
         if self._carried.tasks:
             task_id = self._carried.adopt_into(self.table, index, worker_id, position, snapshot)

@@ -99,7 +99,7 @@ import weakref
 from typing import Any, NoReturn
 
 from fastload import _checkpoint
-from fastload._dispatch import RoundRobin, WorkerIter, wait_seconds
+from fastload._dispatch import DrawsTasks, RoundRobin, WorkerIter, wait_seconds
 from fastload._epoch_pieces import listed
 from fastload._fast_path import not_gathered, writes_in_c
 from fastload._fetch import describe_indices, is_stateful
@@ -128,7 +128,7 @@ from fastload.errors import WorkerDiedError
 LIVENESS_POLL_SECONDS = 0.1
 
 
-class ThreadIter(WorkerIter):
+class ThreadIter(WorkerIter, DrawsTasks):
     """Loads in worker threads of this process (NOTE [ Thread workers ])."""
 
     def __init__(self, loader: Any, resume: LoaderState | None,
@@ -259,22 +259,11 @@ class ThreadIter(WorkerIter):
     def _dispatch(self) -> None:
         """Send the next batch's task to the next active worker, if any;
         once the sampler ran out, the next lookahead task."""
-        if self._draw.done:
-            self._dispatch_lookahead()
-            return
-        if not self._round_robin.has_active:
-            return
-        drawn = self._draw.next()
-        if drawn is None:
-            if self._draw.failure is not None:
-                return  # raised once the batches before it are delivered
-            self._table.abandon(self._carried.drop())
-            self._start_lookahead()
-            self._dispatch_lookahead()
-            return
-        index, position, snapshot = drawn
         table = self._table
-        worker_id = self._round_robin.next_worker(table)
+        drawn = self._draw_task(table)
+        if drawn is None:
+            return
+        index, position, snapshot, worker_id = drawn
         task_id = None
         if self._carried.tasks:
             task_id = self._carried.adopt_into(table, index, worker_id, position, snapshot)
