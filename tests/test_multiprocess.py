@@ -551,14 +551,18 @@ def test_a_cap_that_holds_one_batch_per_worker_loads_every_batch(monkeypatch, ca
 
     monkeypatch.setattr(memory, "default_max_bytes", lambda: cap_mib << 20)
     loader = fl.DataLoader(Megabytes(), batch_size=batch_size, num_workers=2, timeout=30)
+
+    def whole(batch):  # each sample filled with its own label
+        return all((batch["x"][k] == y).all() for k, y in enumerate(batch["y"].tolist()))
+
     kept, seen = [], []
     for batch in loader:
-        assert all((batch["x"][k] == y).all() for k, y in enumerate(batch["y"].tolist()))
+        assert whole(batch)
         seen += batch["y"].tolist()
         if keep:
             kept.append(batch)
     assert seen == list(range(len(Megabytes())))
-    assert all((b["x"][k] == y).all() for b in kept for k, y in enumerate(b["y"].tolist()))
+    assert all(whole(batch) for batch in kept)
 
 
 class _Messages:

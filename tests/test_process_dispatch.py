@@ -58,6 +58,12 @@ class ScriptedWorkers:
     def send(self, worker_id, message):
         self.sent.append((worker_id, message))
 
+    def asks_for_slot(self, worker_id, task_id, index, nbytes):
+        """A worker's answer asking for a slot of ``nbytes`` (NEED): it
+        waits for it, and answers the task again once it has it."""
+        self.tasks[worker_id].insert(0, (task_id, index))
+        return [(NEED, task_id, nbytes)]
+
     def next_result(self, worker_id):
         results = self.results[worker_id]
         return results.popleft() if results else None
@@ -141,10 +147,9 @@ def test_a_bigger_slot_is_given_after_the_answers_are_handled():
     def answer(worker_id, task_id, index):
         if task_id not in asked:
             asked.add(task_id)
-            workers.tasks[worker_id].insert(0, (task_id, index))  # it waits for its slot
             # Larger than the slots sent: the later tasks' slots were sized
             # for the first ones.
-            return [(NEED, task_id, (3 if index < 2 else 5) * 4096)]
+            return workers.asks_for_slot(worker_id, task_id, index, (3 if index < 2 else 5) * 4096)
         return [workers.done(task_id, np.int64(index))]
 
     workers = ScriptedWorkers(2, answer)
@@ -208,8 +213,7 @@ def test_large_slots_are_given_as_each_worker_starts_a_task(free_slots):
         leased.append(workers.pool.leased)
         if workers.dispatcher.table.in_flight[task_id].lease is None:
             needs.append(task_id)
-            workers.tasks[worker_id].insert(0, (task_id, index))  # it waits for its slot
-            return [(NEED, task_id, LATE_SLOT_BYTES)]
+            return workers.asks_for_slot(worker_id, task_id, index, LATE_SLOT_BYTES)
         return [workers.done(task_id, np.int64(index))]
 
     workers = ScriptedWorkers(2, answer, slot_bytes=LATE_SLOT_BYTES)
@@ -238,8 +242,7 @@ def test_lookahead_tasks_take_late_slots_too():
     def answer(worker_id, task_id, index):
         table = workers.dispatcher.table
         if (table.in_flight.get(task_id) or table.stale.get(task_id)).lease is None:
-            workers.tasks[worker_id].insert(0, (task_id, index))  # it waits for its slot
-            return [(NEED, task_id, LATE_SLOT_BYTES)]
+            return workers.asks_for_slot(worker_id, task_id, index, LATE_SLOT_BYTES)
         return [workers.done(task_id, np.int64(index[0]))]
 
     workers = ScriptedWorkers(2, answer, slot_bytes=LATE_SLOT_BYTES)
@@ -300,8 +303,7 @@ def test_a_request_for_a_slot_outlives_the_error_at_the_cap():
     def answer(worker_id, task_id, index):
         if index == 1 and task_id not in asked:
             asked.add(task_id)
-            workers.tasks[worker_id].insert(0, (task_id, index))  # it waits for its slot
-            return [(NEED, task_id, 3 * 4096)]
+            return workers.asks_for_slot(worker_id, task_id, index, 3 * 4096)
         return [workers.done(task_id, np.int64(index))]
 
     # Two slots of 4096, or one of 3 * 4096 beside them: not both.
@@ -327,8 +329,7 @@ def test_at_the_cap_a_task_queued_behind_one_that_asks_gives_its_slot_up():
     def answer(worker_id, task_id, index):
         lease = workers.dispatcher.table.in_flight[task_id].lease
         if lease is None or lease.capacity < 3 * 4096:
-            workers.tasks[worker_id].insert(0, (task_id, index))  # it waits for its slot
-            return [(NEED, task_id, 3 * 4096)]
+            return workers.asks_for_slot(worker_id, task_id, index, 3 * 4096)
         return [workers.done(task_id, np.int64(index))]
 
     workers = ScriptedWorkers(1, answer, max_bytes=4 * 4096)
@@ -343,8 +344,7 @@ def test_at_the_cap_a_slot_holding_its_tasks_index_is_kept_and_the_error_says_so
     # stays, and with nothing the program keeps, the error names the
     # batches in flight and what to change.
     def answer(worker_id, task_id, index):
-        workers.tasks[worker_id].insert(0, (task_id, index))  # it waits for its slot
-        return [(NEED, task_id, 3 * 4096)]
+        return workers.asks_for_slot(worker_id, task_id, index, 3 * 4096)
 
     workers = ScriptedWorkers(1, answer, max_bytes=5 * 4096)
     dispatcher = dispatcher_over(workers, [[0], list(range(3000))], prefetch_factor=2)
