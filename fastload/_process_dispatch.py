@@ -28,7 +28,6 @@ NOTE [ Late slots ]).
 """
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -313,8 +312,7 @@ class ProcessDispatcher(SlotPolicy, DrawsTasks):
         slot = (slot_of(lease) if lease is not None
                 else (NO_SEGMENT, 0, self.workers.pool.slot_size))
         try:
-            data = _protocol.task_message(task_id, index, slot)
-            index_bytes = b"" if data is not None else pickle.dumps(index, protocol=5)
+            data, index_bytes = _protocol.task_message(task_id, index, slot)
         except Exception as exc:
             # An index pickle cannot write (a sampler's own objects): that
             # batch raises in its place, as a failed fetch would, and the

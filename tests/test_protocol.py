@@ -13,8 +13,8 @@ SLOT = (3, 1 << 20, 1 << 16)
 
 
 def _task(index):
-    data = _protocol.task_message(7, index, SLOT)
-    assert data is not None, "no slot needed"
+    data, index_bytes = _protocol.task_message(7, index, SLOT)
+    assert data is not None and index_bytes == b"", "no slot needed"
     return data
 
 
