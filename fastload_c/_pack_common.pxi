@@ -52,17 +52,24 @@ cdef _Target _target(object target, Py_ssize_t offset, Py_ssize_t capacity):
 
 
 cdef cnp.ndarray _array_at(char *data, cnp.dtype descr, tuple shape, object base):
-    """A C-contiguous writable array over `data`; `base` keeps the memory alive."""
+    """A C-contiguous writable array over `data`; `base` keeps the memory alive.
+    An empty one has numpy's strides for it, all zero, as np.empty and
+    np.array give it, so that a batch's strides never tell its path."""
     cdef cnp.npy_intp dims[64]
+    cdef cnp.npy_intp zeros[64]
+    cdef cnp.npy_intp *strides = NULL
     cdef int i, nd = len(shape)
     if nd > 64:  # NPY_MAXDIMS of numpy 2, the most dims holds
         raise ValueError("maximum supported dimension for an ndarray is 64, found {}"
                          .format(nd))
     for i in range(nd):
         dims[i] = shape[i]
+        zeros[i] = 0
+        if dims[i] == 0:
+            strides = zeros
     Py_INCREF(descr)
     cdef cnp.ndarray arr = PyArray_NewFromDescr(<PyTypeObject *>np.ndarray, <cnp.PyArray_Descr *>descr,
-                                                nd, dims, NULL, data,
+                                                nd, dims, strides, data,
                                                 cnp.NPY_ARRAY_CARRAY, NULL)
     if base is not None:
         cnp.set_array_base(arr, base)

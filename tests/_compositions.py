@@ -72,6 +72,8 @@ def leaf(kind: str, seed: int, i: int, path: str):
         return 2**63 + i
     if kind == "ulonglong":
         return np.arange(3, dtype=np.ulonglong) + i
+    if kind == "empty":  # no bytes: only its strides can tell paths apart
+        return np.zeros((0, 2), dtype=np.float32)
     if kind == "deep":  # 64 dimensions: a batch of them cannot exist
         return np.zeros((1,) * 64, dtype=np.uint8)
     if kind == "none":
@@ -189,7 +191,10 @@ def canonical(x):
         if x.dtype.hasobject:
             return ("ndarray", x.dtype.str, x.shape, repr(x.tolist()))
         # The char tells np.ulonglong from np.uint64, the descr padded fields.
-        return ("ndarray", x.dtype.str, x.dtype.char, x.dtype.descr, x.shape, x.tobytes())
+        # An empty array's strides are numpy's (all zero) on every path; a
+        # sample kept as it is may lose its own strides through a pickle.
+        return ("ndarray", x.dtype.str, x.dtype.char, x.dtype.descr, x.shape, x.tobytes(),
+                x.strides if x.size == 0 else None)
     if torch is not None and isinstance(x, torch.Tensor):
         return ("tensor", str(x.dtype), tuple(x.shape), x.numpy().tobytes())
     if isinstance(x, np.generic):

@@ -18,7 +18,7 @@ import fastload._fast_path as fast_path
 from _compositions import COLLATE_FNS, build, canonical, epoch_outcome, torch
 
 LEAF_KINDS = ["f32", "u8img", "i64", "int", "float", "bool", "mixnum", "str", "longstr",
-              "bytes", "ragged", "obj", "deep", "none", "f32be", "padded", "bigint", "ulonglong"]
+              "bytes", "ragged", "obj", "empty", "deep", "none", "f32be", "padded", "bigint", "ulonglong"]
 if torch is not None:
     LEAF_KINDS += ["tensor", "tensor_i"]
 
@@ -175,6 +175,22 @@ def test_a_batch_has_one_dtype_whatever_its_size_and_path(kind, batch_size):
     dtypes = {batch[0].dtype.descr.__repr__() + batch[0].dtype.char for batch in batches}
     assert len(dtypes) == 1, dtypes
     assert batches[0][0].dtype.isnative
+
+
+def test_an_empty_arrays_batch_has_numpys_strides_on_every_path():
+    """A batch of empty arrays holds no bytes to compare: its strides are
+    numpy's for an empty array (all zero, as np.array stacks them), whether
+    the main process, a worker's slot or a thread collated it."""
+    description = ("python", 5, ("dict", (("e", ("leaf", "empty")), ("x", ("leaf", "f32")))),
+                   (), False, 5)
+    options = {"batch_size": 2, "shuffle": False, "drop_last": False, "collate": "default"}
+    assert_same_outcome(description, options, "fork", workers=(2,))
+    batch = next(iter(fl.DataLoader(build(description), batch_size=2, num_workers=2)))
+    assert batch["e"].shape == (2, 0, 2) and batch["e"].strides == (0, 0, 0)
+    rows = fl.ArrayDataset(np.zeros((6, 0, 3), np.float32))
+    for kwargs in ({}, {"num_workers": 2}, {"num_workers": 2, "worker_method": "thread"}):
+        (first,) = next(iter(fl.DataLoader(rows, batch_size=4, **kwargs)))
+        assert first.shape == (4, 0, 3) and first.strides == (0, 0, 0), kwargs
 
 
 @pytest.mark.parametrize("kwargs", [{"num_workers": 2},
