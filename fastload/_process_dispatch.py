@@ -54,6 +54,7 @@ from fastload._protocol import (
     INIT_TASK,
     NEED,
     NO_SEGMENT,
+    REVOKED,
     STARTED,
 )
 from fastload._stats import WorkerStats
@@ -109,6 +110,9 @@ class ProcessDispatcher(SlotPolicy, DrawsTasks):
         # messages), and dispatches owed for delivered batches.
         self._needs: list[tuple[Any, ...]] = []
         self._owed = 0
+        # Task id -> the slot that holds its index, revoked, until its
+        # worker says it read the REVOKE (SlotPolicy._revoke_queued_slots).
+        self._revoked_leases: dict[int, Any] = {}
         # A batch drawn (index, position, snapshot, worker) whose sending
         # raised (the wait for a slot at the cap, an index pickle cannot
         # write): the next dispatch sends it, to the same worker, so the
@@ -449,6 +453,9 @@ class ProcessDispatcher(SlotPolicy, DrawsTasks):
             elif lookahead is not None and serial == lookahead.serial:
                 lookahead.starts[message[2]] = message[4]
             return  # else an answer to a RESET given up
+        if kind == REVOKED:
+            self._revoked(message[1])
+            return
         if kind == NEED:
             task = table.in_flight.get(task_id) or table.stale.get(task_id)
             if task is not None and not holds(task, message[2]):

@@ -36,7 +36,9 @@ at the cap copies ready batches out of theirs, takes back the slots of
 tasks queued behind one whose worker waits for a bigger slot (REVOKE: that
 worker cannot reach them first, and each then asks for its slot as a late
 task does; else a slot queued behind could be the one the task before it
-waits for), and raises once no worker is loading (``_acquire_at_cap``).
+waits for; a slot that holds its task's index is free once the worker says
+it read it, REVOKED), and raises once no worker is loading or is to answer
+(``_acquire_at_cap``).
 """
 from __future__ import annotations
 
@@ -86,6 +88,7 @@ class SlotPolicy:
     _may_slot_late: bool
     _needs: list[tuple[Any, ...]]
     _owed: int
+    _revoked_leases: dict[int, Any]
     _copy_out: bool
 
     if TYPE_CHECKING:
@@ -176,9 +179,11 @@ class SlotPolicy:
             "need bigger ones; use a smaller batch_size, prefetch_factor or num_workers")
 
     def _a_worker_can_answer(self) -> bool:
-        """Whether a worker is loading a task, not waiting for a slot: a
-        worker that waits for one answers nothing until it gets it."""
-        return any(not task.awaits_slot for _, task in self._loaded_next().values())
+        """Whether a worker is loading a task, not waiting for a slot (a
+        worker that waits for one answers nothing until it gets it), or is
+        to answer a REVOKE."""
+        return bool(self._revoked_leases) or any(
+            not task.awaits_slot for _, task in self._loaded_next().values())
 
     def _copy_ready_batch_out(self, deadline: float | None) -> bool:
         """Wait until a batch being pinned is (NOTE [ Pinning by copy ]), at
@@ -276,7 +281,9 @@ class SlotPolicy:
         That worker writes nothing before its answer, and loads its tasks in
         the order sent, so those slots are untouched; each such task asks
         for one when its worker reaches it, as a late task does (NOTE [
-        Late slots ]). Not a slot that holds its task's index."""
+        Late slots ]). A slot that holds its task's index is free once the
+        worker says it read the REVOKE (REVOKED), by which time it has read
+        that index: until then the lease waits in _revoked_leases."""
         table, any_revoked = self.table, False
         for worker_id, (first_id, first) in self._loaded_next().items():
             if not first.awaits_slot:
@@ -284,13 +291,23 @@ class SlotPolicy:
             queued = [(task_id, task) for tasks in (table.in_flight, table.stale)
                       for task_id, task in tasks.items()
                       if task.worker_id == worker_id and task_id > first_id
-                      and task.lease is not None and not task.index_in_slot]
+                      and task.lease is not None]
             if not queued:
                 continue
+            holding_indices = [(task_id, task) for task_id, task in queued if task.index_in_slot]
             # Sent before the slots are free: the worker reads it before the
             # answer that lets it go on (its ring keeps the order).
-            self.workers.send(worker_id, (REVOKE, sorted(task_id for task_id, _ in queued)))
+            self.workers.send(worker_id, (REVOKE, sorted(task_id for task_id, _ in queued),
+                                          bool(holding_indices)))
+            for task_id, task in holding_indices:
+                self._revoked_leases[task_id] = task.lease
             for _, task in queued:
                 task.lease = None
             any_revoked = True
         return any_revoked
+
+    def _revoked(self, task_ids: list[int]) -> None:
+        """A worker read the REVOKE of ``task_ids``: the slots that held
+        their indices are free."""
+        for task_id in task_ids:
+            self._revoked_leases.pop(task_id, None)

@@ -36,11 +36,14 @@ Main process -> worker (task ring):
   (SEGMENT, segment_id, nbytes)    a new pool segment, sent just before on
                                    the worker's Unix socket (shm.send_segments)
   (RETIRE, segment_id)             unmap a segment the pool dropped
-  (REVOKE, task_ids)               the slots of these tasks, queued behind
+  (REVOKE, task_ids, answered)    the slots of these tasks, queued behind
                                    the one the worker waits a RESLOT for,
                                    are taken back: each asks for a slot as
                                    a task sent without one does (NOTE [ Late
-                                   slots ])
+                                   slots ]); answered: some of them hold
+                                   their index (TASK_INDEX_IN_SLOT), so the
+                                   worker answers REVOKED, and only then
+                                   are those slots free
   (RESET, epoch, pipe_seed, serial)
                                    a new epoch with persistent workers: start
                                    a fresh fetcher (a new dataset iterator);
@@ -70,6 +73,10 @@ Worker -> main process (result ring):
                                    its ``nbytes`` bytes follow on the worker's
                                    Unix socket (a layout with long strings, a
                                    long traceback, a large dataset state)
+  (REVOKED, task_ids)              the REVOKE of these tasks is read, and
+                                   so is every index in their slots: a
+                                   worker reads a task's index as it reads
+                                   the task, and its ring keeps the order
   (STARTED, INIT_TASK, worker_id, serial, stream_state)
                                    the worker is set up (worker_init_fn ran,
                                    its replica is where a resume puts it) and
@@ -105,7 +112,7 @@ from typing import Any
 from fastload_c import record
 
 TASK, TASK_INDEX_IN_SLOT, RESLOT, SEGMENT, RETIRE, RESET, REVOKE = range(7)
-DONE, NEED, ENDED, FAILED, LARGE, STARTED = range(6)
+DONE, NEED, ENDED, FAILED, LARGE, STARTED, REVOKED = range(7)
 # The task id of failures outside a task (worker_init_fn, the task loop).
 INIT_TASK = -1
 # The segment id of a task sent without a slot.

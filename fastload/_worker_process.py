@@ -32,6 +32,7 @@ from fastload._protocol import (
     RESLOT,
     RETIRE,
     REVOKE,
+    REVOKED,
     SEGMENT,
     STARTED,
     TASK,
@@ -208,16 +209,14 @@ class _Worker:
             if kind == TASK or kind == TASK_INDEX_IN_SLOT:
                 if self.tasks.closed:
                     return  # shutting down: the rest of the queue is moot
-                task_id, index, slot = message[1], message[2], message[3]
-                if kind == TASK_INDEX_IN_SLOT:
-                    index = self.index_in_slot(slot, index)
+                task_id, index, slot = self.with_index(message)[1:]
                 self.load(task_id, index, slot)
             elif kind == SEGMENT:
                 self.receive_segment(message[1], message[2])
             elif kind == RETIRE:
                 self.segments.pop(message[1]).close()
             elif kind == REVOKE:
-                self.revoked.update(message[1])
+                self.revoke(message)
             elif kind == RESET:
                 sample_context.epoch, self.pipe_seed = message[1], message[2]
                 self.new_fetcher()
@@ -231,12 +230,24 @@ class _Worker:
         self.reply(STARTED, INIT_TASK, self.worker_id, serial,
                    _checkpoint.replica_start(self.fetcher))
 
-    def index_in_slot(self, slot: tuple[int, int, int], nbytes: int) -> Any:
-        """A task's index that the main process wrote at the start of its slot."""
+    def with_index(self, message: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A TASK as it is, or the TASK of a TASK_INDEX_IN_SLOT, its index
+        read from the slot: read as the message is, since a later REVOKE
+        may give that slot away once this worker says it read it."""
+        if message[0] != TASK_INDEX_IN_SLOT:
+            return message
+        task_id, nbytes, slot = message[1], message[2], message[3]
         segment_id, offset, _ = slot
         with memoryview(self.segments[segment_id]) as whole, \
                 whole[offset:offset + nbytes] as part:
-            return pickle.loads(part)
+            return (TASK, task_id, pickle.loads(part), slot)
+
+    def revoke(self, message: tuple[Any, ...]) -> None:
+        """The slots of the tasks a REVOKE names are another's from now on:
+        each of those tasks asks for one as a late task does."""
+        self.revoked.update(message[1])
+        if message[2]:
+            self.reply(REVOKED, message[1])
 
     def receive_segment(self, segment_id: int, nbytes: int) -> None:
         received, _ = recv_segments(self.socket)
@@ -347,9 +358,9 @@ class _Worker:
             self.receive_segment(message[1], message[2])
         elif message[0] == REVOKE:
             # Now, not kept: the slots it names are another task's from now on.
-            self.revoked.update(message[1])
+            self.revoke(message)
         else:
-            self.backlog.append(message)
+            self.backlog.append(self.with_index(message))
         return None
 
 

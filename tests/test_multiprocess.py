@@ -565,6 +565,38 @@ def test_a_cap_that_holds_one_batch_per_worker_loads_every_batch(monkeypatch, ca
     assert all(whole(batch) for batch in kept)
 
 
+class GrowingRows(fl.Dataset):
+    """Rows that grow a third of the way through: batches of 4000 need
+    bigger slots then, and their indices are too large for a ring record
+    (they start each task's slot, TASK_INDEX_IN_SLOT)."""
+
+    def __len__(self):
+        return 24000
+
+    def __getitem__(self, i):
+        return {"x": np.full(64 + (i // 8000) * 128, i, np.float32), "y": i}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cap_mib, num_workers", [(8, 1), (8, 2), (12, 1)])
+def test_at_the_cap_slots_holding_large_indices_are_given_up_too(monkeypatch, cap_mib,
+                                                                 num_workers):
+    # Slots that hold their task's index are taken back like the others
+    # (REVOKE, then free once the worker read it): these raised ShmError
+    # before, once as if the program held the batches.
+    import fastload._memory as memory
+
+    monkeypatch.setattr(memory, "default_max_bytes", lambda: cap_mib << 20)
+    loader = fl.DataLoader(GrowingRows(), batch_size=4000, num_workers=num_workers,
+                           prefetch_factor=3, timeout=30)
+    seen = []
+    for batch in loader:
+        labels = batch["y"].tolist()
+        assert (batch["x"] == batch["y"][:, None]).all()
+        seen += labels
+    assert seen == list(range(len(GrowingRows())))
+
+
 class _Messages:
     """A worker's task ring, played by a list of messages."""
 

@@ -20,6 +20,7 @@ from fastload._protocol import (
     NEED,
     RESLOT,
     REVOKE,
+    REVOKED,
     TASK,
     TASK_INDEX_IN_SLOT,
     decode,
@@ -243,7 +244,7 @@ def test_lookahead_tasks_take_late_slots_too():
         table = workers.dispatcher.table
         if (table.in_flight.get(task_id) or table.stale.get(task_id)).lease is None:
             return workers.asks_for_slot(worker_id, task_id, index, LATE_SLOT_BYTES)
-        return [workers.done(task_id, np.int64(index[0]))]
+        return [workers.done(task_id, np.int64(task_id))]  # task i loads [i, ...]
 
     workers = ScriptedWorkers(2, answer, slot_bytes=LATE_SLOT_BYTES)
     sampler = fl.BatchSampler(fl.SequentialSampler(range(6)), 1, False)
@@ -339,19 +340,38 @@ def test_at_the_cap_a_task_queued_behind_one_that_asks_gives_its_slot_up():
     assert told[:2] == [(REVOKE, [1]), (RESLOT, 0)]
 
 
-def test_at_the_cap_a_slot_holding_its_tasks_index_is_kept_and_the_error_says_so():
-    # Task 1's index starts its slot (too large for a record): that slot
-    # stays, and with nothing the program keeps, the error names the
-    # batches in flight and what to change.
+def test_at_the_cap_a_slot_holding_its_tasks_index_is_free_once_its_worker_read_it():
+    # Task 1's index starts its slot (too large for a record). Task 0
+    # asks for a bigger slot than the cap leaves: task 1's slot is taken
+    # back too, but stays leased until its worker says it read the REVOKE
+    # (and so the index) with REVOKED; then it is free, and every batch
+    # arrives (this raised ShmError before).
+    held_when_read = []  # the revoked slots still leased as each REVOKED came
+
     def answer(worker_id, task_id, index):
-        return workers.asks_for_slot(worker_id, task_id, index, 3 * 4096)
+        lease = workers.dispatcher.table.in_flight[task_id].lease
+        if lease is None or lease.capacity < 3 * 4096:
+            return workers.asks_for_slot(worker_id, task_id, index, 3 * 4096)
+        return [workers.done(task_id, np.int64(task_id))]  # task i loads [i, ...]
+
+    def send(worker_id, message):
+        workers.sent.append((worker_id, message))
+        if message[0] == REVOKE:
+            assert message[2]  # the worker must answer
+            workers.results[worker_id].append((REVOKED, message[1]))
 
     workers = ScriptedWorkers(1, answer, max_bytes=5 * 4096)
-    dispatcher = dispatcher_over(workers, [[0], list(range(3000))], prefetch_factor=2)
+    workers.send = send
+    dispatcher = dispatcher_over(workers, [[0], list(range(1, 3000))], prefetch_factor=2)
     assert dispatcher.table.in_flight[1].index_in_slot
-    with pytest.raises(fl.ShmError, match=r"batches in flight \(1\).*smaller batch_size"):
-        dispatcher.next_ready(lambda task: None)
-    assert not any(m[0] == REVOKE for _, m in workers.sent)
+    revoked = dispatcher._revoked
+    dispatcher._revoked = lambda task_ids: (
+        held_when_read.append(sorted(dispatcher._revoked_leases)), revoked(task_ids))
+    assert delivered(dispatcher) == [(0, 0), (1, 1)]
+    assert held_when_read == [[1]]
+    assert not dispatcher._revoked_leases
+    told = [m[:2] for _, m in workers.sent if m[0] in (REVOKE, RESLOT)]
+    assert told[:2] == [(REVOKE, [1]), (RESLOT, 0)]
 
 
 class _DryPool:
