@@ -34,7 +34,11 @@ def arrays_to_tensors(data: Any) -> Any:
             # np.ulonglong, which torch refuses by name: the same bytes as
             # np.uint64, the name a pickle gives back (see _canonical).
             leaf = leaf.view(np.uint64)
-        return torch.from_numpy(leaf)
+        tensor = torch.from_numpy(leaf)
+        if not leaf.size:
+            # numpy's empty arrays have zero strides, torch's C strides.
+            return tensor.clone(memory_format=torch.contiguous_format)
+        return tensor
 
     return _map_leaves(to_tensor, data)
 

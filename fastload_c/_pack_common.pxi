@@ -51,10 +51,12 @@ cdef _Target _target(object target, Py_ssize_t offset, Py_ssize_t capacity):
     return t
 
 
-cdef cnp.ndarray _array_at(char *data, cnp.dtype descr, tuple shape, object base):
+cdef cnp.ndarray _array_at(char *data, cnp.dtype descr, tuple shape, object base,
+                          bint for_tensor=False):
     """A C-contiguous writable array over `data`; `base` keeps the memory alive.
     An empty one has numpy's strides for it, all zero, as np.empty and
-    np.array give it, so that a batch's strides never tell its path."""
+    np.array give it, so that a batch's strides never tell its path; but
+    under a tensor (``for_tensor``) the C strides torch gives an empty one."""
     cdef cnp.npy_intp dims[64]
     cdef cnp.npy_intp zeros[64]
     cdef cnp.npy_intp *strides = NULL
@@ -65,7 +67,7 @@ cdef cnp.ndarray _array_at(char *data, cnp.dtype descr, tuple shape, object base
     for i in range(nd):
         dims[i] = shape[i]
         zeros[i] = 0
-        if dims[i] == 0:
+        if dims[i] == 0 and not for_tensor:
             strides = zeros
     Py_INCREF(descr)
     cdef cnp.ndarray arr = PyArray_NewFromDescr(<PyTypeObject *>np.ndarray, <cnp.PyArray_Descr *>descr,

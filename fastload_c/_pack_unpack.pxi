@@ -103,7 +103,7 @@ cdef object _build_out(_Out node, object base, char *data, size_t length, bint r
         if node.offset > length or node.nbytes > length - node.offset:
             raise ValueError("batch layout reaches byte {} of a slot of {}"
                              .format(node.offset + node.nbytes, length))
-        arr = _array_at(data + node.offset, node.dtype, node.shape, base)
+        arr = _array_at(data + node.offset, node.dtype, node.shape, base, node.tensor)
         if readonly:
             cnp.PyArray_CLEARFLAGS(arr, cnp.NPY_ARRAY_WRITEABLE)
         return _torch().from_numpy(arr) if node.tensor else arr

@@ -60,6 +60,8 @@ def leaf(kind: str, seed: int, i: int, path: str):
         return np.array([{"i": i}, None], dtype=object)
     if kind == "tensor":
         return torch.from_numpy(rng.standard_normal(2).astype(np.float32))
+    if kind == "empty_t":
+        return torch.zeros(0, 2)
     if kind == "tensor_i":
         return torch.tensor(i)
     if kind == "f32be":  # another byte order, not contiguous
@@ -196,7 +198,8 @@ def canonical(x):
         return ("ndarray", x.dtype.str, x.dtype.char, x.dtype.descr, x.shape, x.tobytes(),
                 x.strides if x.size == 0 else None)
     if torch is not None and isinstance(x, torch.Tensor):
-        return ("tensor", str(x.dtype), tuple(x.shape), x.numpy().tobytes())
+        return ("tensor", str(x.dtype), tuple(x.shape), x.numpy().tobytes(),
+                x.stride() if x.numel() == 0 else None)
     if isinstance(x, np.generic):
         return ("scalar", type(x).__name__, np.asarray(x).tobytes())
     if isinstance(x, (str, bytes, int, float, bool)) or x is None:

@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 import fastload as fl
 import fastload._fast_path as fast_path
 
-from _compositions import COLLATE_FNS, build, canonical, epoch_outcome, torch
+from _compositions import COLLATE_FNS, build, canonical, epoch_outcome, leaf, torch
 
 LEAF_KINDS = ["f32", "u8img", "i64", "int", "float", "bool", "mixnum", "str", "longstr",
               "bytes", "ragged", "obj", "empty", "deep", "none", "f32be", "padded", "bigint", "ulonglong"]
 if torch is not None:
-    LEAF_KINDS += ["tensor", "tensor_i"]
+    LEAF_KINDS += ["tensor", "tensor_i", "empty_t"]
 
 seeds = st.integers(0, 2**16)
 leaves = st.sampled_from(LEAF_KINDS).map(lambda kind: ("leaf", kind))
@@ -191,6 +191,23 @@ def test_an_empty_arrays_batch_has_numpys_strides_on_every_path():
     for kwargs in ({}, {"num_workers": 2}, {"num_workers": 2, "worker_method": "thread"}):
         (first,) = next(iter(fl.DataLoader(rows, batch_size=4, **kwargs)))
         assert first.shape == (4, 0, 3) and first.strides == (0, 0, 0), kwargs
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch installed")
+@pytest.mark.parametrize("kind", ["empty", "empty_t"])
+def test_an_empty_tensors_batch_has_torchs_strides_on_every_path(kind):
+    """Tensors out, from empty arrays or empty tensors: torch's strides for
+    an empty batch (C strides, as default_collate gives), not numpy's."""
+    import fastload.torch as flt
+
+    samples = [leaf(kind, 0, i, "") for i in range(3)]
+    expected = torch.utils.data.default_collate(
+        [torch.as_tensor(sample) for sample in samples]).stride()
+    assert expected == (2, 2, 1)
+    description = ("python", 5, ("leaf", kind), (), False, 6)
+    for kwargs in ({}, {"num_workers": 2}, {"num_workers": 2, "worker_method": "thread"}):
+        batch = next(iter(flt.DataLoader(build(description), batch_size=3, **kwargs)))
+        assert isinstance(batch, torch.Tensor) and batch.stride() == expected, kwargs
 
 
 @pytest.mark.parametrize("kwargs", [{"num_workers": 2},
