@@ -128,6 +128,34 @@ cdef object _build_out(_Out node, object base, char *data, size_t length, bint r
         return mapping
 
 
+def layout_end(layout):
+    """Where the batch of ``layout`` ends in its slot: the bytes of a slot
+    it needs, which may be far fewer than the slot has."""
+    cdef _Out root = _decoded.get(layout)
+    if root is None:
+        message = pickle.loads(layout)
+        if message[0] == "pickle":
+            return max([message[1] + message[2]] + [off + n for off, n in message[3]])
+        if message[0] == "tree+values":
+            root = _decoded.get(message[1])
+            if root is None:
+                root = _remember(message[1], pickle.loads(message[1])[1])
+        else:
+            root = _remember(layout, message[1])
+    return _end(root)
+
+
+cdef size_t _end(_Out node):
+    cdef _Out child
+    cdef size_t end = 0
+    if node.kind == O_ARRAY:
+        return node.offset + node.nbytes
+    if node.kind != O_VALUE:
+        for child in node.children:
+            end = max(end, _end(child))
+    return end
+
+
 cdef object _unpickle(object base, size_t offset, size_t length, tuple places, size_t size):
     view = memoryview(base)
     for off, n in places + ((offset, length),):

@@ -43,9 +43,11 @@ so workers can unmap them) once all their slots are free. The first raise
 gives slots of exactly the batch's size (page-rounded): batches of a fixed
 size, the usual case, then waste nothing. Only a batch larger than that
 one shows that they vary; from then on each raise adds an eighth of
-headroom, so a few large batches cannot make the slots grow again and again. A Lease keeps its
-segment mapped on its own, so closing the pool while batches are held is
-safe.
+headroom, so a few large batches cannot make the slots grow again and again.
+shrink_to() lowers the slot size again (the caller's policy decides when);
+segments of any size but the current one are dropped likewise once free.
+A Lease keeps its segment mapped on its own, so closing the pool while
+batches are held is safe.
 
 Threads: the pool and its Leases are used with the GIL held (a Lease is
 deallocated with the GIL held too), so the free stacks need no lock. A
@@ -201,6 +203,16 @@ cdef class SlabPool:
         seg = self._grow()
         return None if seg is None else self._take(seg)
 
+    def shrink_to(self, size_t nbytes):
+        """Lower the slot size to ``nbytes`` (page-rounded) for every later
+        lease; no change when that is not smaller. Segments of the old size
+        get no new leases, and acquire() drops each once its slots are free."""
+        if self._closed:
+            raise ValueError("SlabPool is closed")
+        cdef size_t size = fl_slab_round_slot(nbytes if nbytes else 1, _PAGE)
+        if size != 0 and size < self.slot_size:
+            self.slot_size = size
+
     cdef Lease _take(self, _SlabSegment seg):
         cdef int64_t i = fl_slots_take(seg.slots)
         cdef Lease lease = Lease.__new__(Lease)
@@ -241,7 +253,7 @@ cdef class SlabPool:
     cdef int _retire_idle(self) except -1:
         cdef _SlabSegment seg
         for seg in list(self._segments):
-            if (seg.slot_size < self.slot_size
+            if (seg.slot_size != self.slot_size
                     and fl_slots_free_count(seg.slots) == fl_slots_count(seg.slots)):
                 self._segments.remove(seg)
                 if self._on_retire is not None:

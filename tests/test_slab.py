@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 from _mapped import mapped_bytes
 
-from fastload_c.pack import SlotTooSmallError, collate_into, gather_into, pickle_into, unpack
+from fastload_c.pack import (
+    SlotTooSmallError,
+    collate_into,
+    gather_into,
+    layout_end,
+    pickle_into,
+    unpack,
+)
 from fastload_c.shm import recv_segments, send_segments
 from fastload_c.slab import Lease, SlabPool
 
@@ -129,6 +136,36 @@ def test_slots_grow_for_a_batch_that_does_not_fit_and_old_segments_retire():
     del small
     pool.acquire()
     assert events[-1] == ("retire", 0) and [s[0] for s in pool.segments] == [1]
+
+
+def test_slots_shrink_on_request_and_segments_of_the_old_size_retire():
+    events = []
+    pool = SlabPool(4096, slots_per_segment=2, on_retire=lambda i: events.append(i))
+    big = pool.acquire(64 * 4096)
+    pool.shrink_to(64 * 4096 + 1)  # not smaller once page-rounded: no change
+    assert pool.slot_size == big.capacity
+    pool.shrink_to(5000)
+    assert pool.slot_size == 2 * 4096
+    small = pool.acquire()
+    assert small.capacity == 2 * 4096 and small.segment_id != big.segment_id
+    assert pool.free_slots == 1  # the big segment's free slot is no longer handed out
+    big_segment = big.segment_id
+    del big
+    pool.acquire()  # a segment of another size is dropped once free
+    assert big_segment in events and big_segment not in [s[0] for s in pool.segments]
+    pool.close()
+    with pytest.raises(ValueError, match="closed"):
+        pool.shrink_to(4096)
+
+
+def test_layout_end_of_a_pickled_batch_is_the_slot_size_it_needs():
+    pool = SlabPool(1 << 20)
+    slot = pool.acquire()
+    batch = {"x": np.arange(1000.0), "meta": [object, "s" * 50]}
+    end = layout_end(pickle_into(batch, slot))
+    assert unpack(slot, pickle_into(batch, slot, 0, end))["x"].sum() == np.arange(1000.0).sum()
+    with pytest.raises(SlotTooSmallError):
+        pickle_into(batch, slot, 0, end - 1)
 
 
 def test_segments_of_large_slots_hold_fewer_of_them():

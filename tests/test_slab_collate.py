@@ -12,7 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fastload_c.errors import CollateError
-from fastload_c.pack import SlotTooSmallError, arrays_alike, collate_into, gather_into, unpack
+from fastload_c.pack import (
+    SlotTooSmallError,
+    arrays_alike,
+    collate_into,
+    gather_into,
+    layout_end,
+    unpack,
+)
 from fastload_c.shm import Segment
 
 Point = collections.namedtuple("Point", "x y")
@@ -182,6 +189,22 @@ def test_collate_into_slot_equals_default_collate(seg, schema, batch, seed):
     samples = [make_sample(schema, rng) for _ in range(batch)]
     assert_same(collate(samples, seg), reference_collate(samples))
     assert_same(collate_through_file(samples, seg), reference_collate(samples))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schema=schemas, batch=st.integers(1, 5), seed=st.integers(0, 2**32 - 1))
+def test_layout_end_is_the_slot_size_a_batch_needs(seg, schema, batch, seed):
+    # What NOTE [ Slots after a spike ] (fastload/_memory.py) reads: a slot
+    # of layout_end bytes holds the batch, one byte fewer does not.
+    rng = np.random.default_rng(seed)
+    samples = [make_sample(schema, rng) for _ in range(batch)]
+    end = layout_end(collate_into(samples, seg, 64, seg.size - 64))
+    assert_same(unpack(memoryview(seg)[64:], collate_into(samples, seg, 64, end)),
+                reference_collate(samples))
+    if end > 0:
+        with pytest.raises(SlotTooSmallError) as small:
+            collate_into(samples, seg, 64, end - 1)
+        assert small.value.needed == end
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
