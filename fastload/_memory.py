@@ -14,6 +14,7 @@ from fastload_c import shm
 from fastload_c.slab import SlabPool
 
 __all__ = [
+    "SlotSizeWatch",
     "batch_slot_bytes",
     "default_max_bytes",
     "new_pool",
@@ -110,3 +111,44 @@ def new_pool(slot_size: int, *, max_bytes: Optional[int] = None,
                     max_bytes=default_max_bytes() if max_bytes is None else max_bytes,
                     unmapped_slot_bytes=unmapped_slot_bytes, on_segment=on_segment,
                     on_retire=on_retire)
+
+
+# NOTE [ Slots after a spike ]
+# A pool's slots grow to hold the largest batch so far (fastload_c.slab),
+# and the pages a batch wrote stay allocated while the pool reuses its
+# slot. After one batch far larger than the others (a long document, a
+# large image), every later slot would be that large: the pages the spike
+# wrote would stay charged for the loader's life, and a pool whose slots
+# of that size reach its cap would copy every later batch out of its slot.
+# So where slots are WATCHED_SLOT_BYTES or more, the loader notes where each
+# batch ends in its slot (pack.layout_end: a C lookup, a batch that large
+# costs milliseconds to make); once SPIKE_WINDOW batches in a row each
+# needed a quarter of the slot size or less, the slots shrink to the
+# largest of them plus an eighth, and acquire() drops the segments of the
+# old size once their slots are free, pages and all. A later batch that
+# needs more raises the size again, as any batch does. Smaller slots are
+# not watched: what they could keep is small, and every batch would pay.
+WATCHED_SLOT_BYTES = 1 << 20
+SPIKE_WINDOW = 64
+
+
+class SlotSizeWatch:
+    """NOTE [ Slots after a spike ], for one pool."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._largest = 0
+
+    def saw(self, pool: SlabPool, end: int) -> bool:
+        """Note a batch that ended at byte ``end`` of its slot; whether the
+        pool's slots shrank after it."""
+        self._count += 1
+        if end > self._largest:
+            self._largest = end
+        if self._count < SPIKE_WINDOW:
+            return False
+        largest, self._count, self._largest = self._largest, 0, 0
+        if largest * 4 > pool.slot_size:
+            return False
+        pool.shrink_to(largest + largest // 8)
+        return True

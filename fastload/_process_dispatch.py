@@ -45,6 +45,7 @@ from fastload._fetch import DatasetKind, describe_indices
 from fastload._iterator import EpochDraw
 from fastload._loader_state import WorkerState
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
+from fastload._memory import WATCHED_SLOT_BYTES, SlotSizeWatch
 from fastload._process_slots import SlotPolicy, copy_out, holds, slot_of
 from fastload._progress import NO_SNAPSHOT, Progress
 from fastload._protocol import (
@@ -113,6 +114,7 @@ class ProcessDispatcher(SlotPolicy, DrawsTasks):
         # Task id -> the slot that holds its index, revoked, until its
         # worker says it read the REVOKE (SlotPolicy._revoke_queued_slots).
         self._revoked_leases: dict[int, Any] = {}
+        self._slot_watch = SlotSizeWatch()
         # A batch drawn (index, position, snapshot, worker) whose sending
         # raised (the wait for a slot at the cap, an index pickle cannot
         # write): the next dispatch sends it, to the same worker, so the
@@ -440,6 +442,9 @@ class ProcessDispatcher(SlotPolicy, DrawsTasks):
             self._stats[task.worker_id].add(message[3], message[4])
             task.has_dataset_state, task.dataset_state = message[5], message[6]
             task.dataset_ended = message[7]
+            lease = task.lease
+            if lease is not None and lease.capacity >= WATCHED_SLOT_BYTES:
+                self._watch_slot_size(message[2])
             if self._may_slot_late and self._slots_late():  # no call for gathered rows
                 self._offer_slot(task.worker_id)
             return
@@ -457,6 +462,10 @@ class ProcessDispatcher(SlotPolicy, DrawsTasks):
             self._revoked(message[1])
             return
         if kind == NEED:
+            if message[3]:
+                # A late task asks for a slot of the size it was sent with,
+                # not more: the present size (NOTE [ Slots after a spike ]).
+                message = (NEED, task_id, min(message[2], self.workers.pool.slot_size), False)
             task = table.in_flight.get(task_id) or table.stale.get(task_id)
             if task is not None and not holds(task, message[2]):
                 # Its worker waits for the RESLOT and writes nothing more

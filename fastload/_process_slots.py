@@ -48,10 +48,12 @@ from typing import TYPE_CHECKING, Any
 
 from fastload._dispatch import deadline_after, wait_seconds
 from fastload._iterator import timed_out
+from fastload._memory import SlotSizeWatch
 from fastload._pinning import PinTimedOut
 from fastload._protocol import RESLOT, REVOKE
 from fastload._task_table import STREAM_ENDED, Failure, Task, TaskTable
 from fastload.errors import ShmError
+from fastload_c import pack
 
 if TYPE_CHECKING:
     from fastload._worker_group import WorkerGroup
@@ -89,6 +91,7 @@ class SlotPolicy:
     _needs: list[tuple[Any, ...]]
     _owed: int
     _revoked_leases: dict[int, Any]
+    _slot_watch: SlotSizeWatch
     _copy_out: bool
 
     if TYPE_CHECKING:
@@ -137,7 +140,7 @@ class SlotPolicy:
 
     def _acquire_at_cap(self) -> Any:
         """A slot when the pool may not grow: from now on batches are copied
-        out of their slots (see _keeps_slot). Batches waiting to be
+        out of their slots, until the pool has room again (see _keeps_slot). Batches waiting to be
         delivered are copied out first, and tasks queued behind one that
         waits for a slot give theirs up; then it waits for a worker's
         answer, as long as a worker is loading rather than waiting for a
@@ -211,11 +214,15 @@ class SlotPolicy:
     def _keeps_slot(self) -> bool:
         """Whether a batch handed to the user may keep its slot: not once
         the pool is at its cap with every slot taken, since the user may
-        keep every batch (see _acquire_at_cap)."""
-        if not self._copy_out:
-            pool = self.workers.pool
-            self._copy_out = (pool.free_slots == 0 and pool.max_bytes > 0
-                              and pool.max_bytes - pool.nbytes < pool.slot_size)
+        keep every batch (see _acquire_at_cap); again only once the pool
+        has room for twice the tasks in flight (its slots shrank after a
+        spike: NOTE [ Slots after a spike ] in fastload._memory), since a
+        batch kept at the edge of the cap takes the slot a task may need."""
+        pool = self.workers.pool
+        if self._copy_out and pool.max_bytes - pool.nbytes < 2 * self._prefetch * pool.slot_size:
+            return False
+        self._copy_out = (pool.free_slots == 0 and pool.max_bytes > 0
+                          and pool.max_bytes - pool.nbytes < pool.slot_size)
         return not self._copy_out
 
     def _settle(self, awaited_worker: int | None = None) -> None:
@@ -274,6 +281,15 @@ class SlotPolicy:
         task.lease = pool.acquire(nbytes) or self._acquire_at_cap()
         task.awaits_slot = False
         self.workers.send(task.worker_id, (RESLOT, task_id, slot_of(task.lease), 0))
+
+    def _watch_slot_size(self, layout: bytes) -> None:
+        """A batch of ``layout`` arrived in a watched slot: after a spike
+        the slots shrink (NOTE [ Slots after a spike ] in fastload._memory)."""
+        try:
+            end = pack.layout_end(layout)
+        except Exception:
+            return  # a layout this process cannot read: that batch failed
+        self._slot_watch.saw(self.workers.pool, end)
 
     def _revoke_queued_slots(self) -> bool:
         """At the pool's cap: take back the slots of the tasks queued behind

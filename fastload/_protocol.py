@@ -57,10 +57,15 @@ Worker -> main process (result ring):
                                    on snapshot steps the iterable dataset's
                                    state after this batch; whether the
                                    dataset ran out while filling it
-  (NEED, task_id, nbytes)          the batch needs a slot of ``nbytes``; the
+  (NEED, task_id, nbytes, late)    the batch needs a slot of ``nbytes``; the
                                    worker keeps the fetched data meanwhile, so
                                    nothing is fetched twice (an iterable
-                                   dataset cannot be rewound)
+                                   dataset cannot be rewound); late: the
+                                   first ask of a task sent without a slot,
+                                   ``nbytes`` the slot size then, which may
+                                   have shrunk since: it gets a slot of the
+                                   present size (a batch needing more asks
+                                   again, not late)
   (ENDED, task_id, end_state)      an iterable dataset is exhausted; its own
                                    state then, or None (see
                                    IterableDatasetFetcher.end_state)

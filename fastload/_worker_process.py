@@ -342,7 +342,7 @@ class _Worker:
                 found = self.slot_or_keep(_protocol.decode(data), task_id)
                 if found is not None:
                     return found
-        self.reply(NEED, task_id, needed)
+        self.reply(NEED, task_id, needed, offered)
         while True:
             found = self.slot_or_keep(self.receive(), task_id)
             if found is not None:

@@ -62,14 +62,17 @@ class ThreadSlots:
     task is sent, so the pool holds slots for batches being written or
     held, never for tasks still queued (NOTE [ Late slots ] in
     fastload._process_slots). ``size``: the most a batch too large for
-    its slot asked for, which later slots get. The lock keeps the threads'
-    acquires apart: making a segment releases the GIL."""
+    its slot asked for, which later slots get, until the slots shrink
+    after a spike (NOTE [ Slots after a spike ] in fastload._memory). The
+    lock keeps the threads' acquires apart: making a segment releases the
+    GIL."""
 
     def __init__(self, unmapped: bool) -> None:
         # ``unmapped``: fastload._fast_path.BatchWriter.writes_through_files.
         self.pool = _memory.new_pool(
             INITIAL_SLOT_BYTES, unmapped_slot_bytes=_memory.UNMAPPED_SLOT_BYTES if unmapped else 0)
         self.size = 0
+        self._watch = _memory.SlotSizeWatch()
         self._lock = threading.Lock()
 
     def take(self) -> Any:
@@ -81,6 +84,16 @@ class ThreadSlots:
         """Later slots hold ``needed`` bytes."""
         with self._lock:
             self.size = max(self.size, needed)
+
+    def wrote(self, slot: Any, layout: bytes) -> None:
+        """A batch of ``layout`` was written into ``slot``: watched where
+        slots are large (NOTE [ Slots after a spike ])."""
+        if slot.capacity < _memory.WATCHED_SLOT_BYTES:
+            return
+        end = pack.layout_end(layout)
+        with self._lock:
+            if self._watch.saw(self.pool, end):
+                self.size = 0
 
 
 class WorkerConfig:
@@ -282,7 +295,10 @@ def batch_in_slot(fast: Write | None, general: Callable[[], Any], slots: ThreadS
                 return pack.unpack(nothing, fast(nothing, 0, 0))
             # Written as a worker process writes, in its segment at its
             # offset (NOTE [ Unmapped slots ] in fastload._memory).
-            return pack.unpack(slot, fast(slot.segment, slot.offset, slot.capacity))
+            layout = fast(slot.segment, slot.offset, slot.capacity)
+            if slots is not None:
+                slots.wrote(slot, layout)
+            return pack.unpack(slot, layout)
         except SlotTooSmallError as small:
             # A memoryview: the batch's arrays keep the memory alive through
             # it, and nothing can resize it under them.

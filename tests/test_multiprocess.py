@@ -597,6 +597,46 @@ def test_at_the_cap_slots_holding_large_indices_are_given_up_too(monkeypatch, ca
     assert seen == list(range(len(GrowingRows())))
 
 
+class OneSpike(fl.Dataset):
+    """Batches of 4 rows of 64 KiB, but batch 10, of 4 rows of 4 MiB."""
+
+    def __len__(self):
+        return 4 * 300
+
+    def __getitem__(self, i):
+        return np.full((4 << 20 if i // 4 == 10 else 64 << 10) // 4, i, np.float32)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["multiprocessing", "thread"])
+@pytest.mark.parametrize("capped", [False, True], ids=["uncapped", "capped"])
+def test_after_a_spike_the_slots_shrink_and_batches_keep_them_again(monkeypatch, method,
+                                                                     capped):
+    # NOTE [ Slots after a spike ]: the pool's slots grow to 16 MiB for one
+    # batch, and once SPIKE_WINDOW batches needed far less, shrink back, the
+    # spike's segments (and their pages) dropped. Before, every later slot
+    # stayed 16 MiB; at a cap that allowed a few of them, every later batch
+    # was copied out of its slot.
+    import fastload._memory as memory
+    from fastload_c.slab import Lease
+
+    if capped:
+        monkeypatch.setattr(memory, "default_max_bytes", lambda: 48 << 20)
+    loader = fl.DataLoader(OneSpike(), batch_size=4, num_workers=2, worker_method=method,
+                           timeout=30)
+    it = iter(loader)
+    pool = it._group.pool if method == "multiprocessing" else it._slots.pool
+    largest = 0
+    for k, batch in enumerate(it):
+        assert (batch == np.arange(4 * k, 4 * k + 4)[:, None]).all()
+        largest = max(largest, pool.slot_size)
+        if k == len(loader) - 1:
+            assert isinstance(batch.base, Lease)  # in its slot, not a copy
+    assert largest >= 16 << 20
+    assert pool.slot_size < 1 << 20
+    assert max(size for _, _, size, _ in pool.segments) < 1 << 20
+
+
 class _Messages:
     """A worker's task ring, played by a list of messages."""
 
@@ -627,7 +667,7 @@ def test_a_worker_awaiting_its_slot_keeps_other_messages_in_order(offered):
                               (TASK, 8, [2], (0, 0, 4096))])
     assert worker.await_reslot(5, 4096, offered) == ((0, 4096, 4096), 0)
     # A slot sent unasked is taken without asking.
-    assert replies == ([] if offered else [(NEED, 5, 4096)])
+    assert replies == ([] if offered else [(NEED, 5, 4096, False)])
     assert list(worker.backlog) == [kept, (RESET, 1, None, 2)]
     # One kept back is found there.
     worker.backlog.append((RESLOT, 9, (0, 0, 4096), 0))

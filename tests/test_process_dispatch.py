@@ -59,11 +59,12 @@ class ScriptedWorkers:
     def send(self, worker_id, message):
         self.sent.append((worker_id, message))
 
-    def asks_for_slot(self, worker_id, task_id, index, nbytes):
-        """A worker's answer asking for a slot of ``nbytes`` (NEED): it
-        waits for it, and answers the task again once it has it."""
+    def asks_for_slot(self, worker_id, task_id, index, nbytes, late=False):
+        """A worker's answer asking for a slot of ``nbytes`` (NEED; ``late``:
+        a task sent without one asks first): it waits for it, and answers
+        the task again once it has it."""
         self.tasks[worker_id].insert(0, (task_id, index))
-        return [(NEED, task_id, nbytes)]
+        return [(NEED, task_id, nbytes, late)]
 
     def next_result(self, worker_id):
         results = self.results[worker_id]
@@ -237,6 +238,26 @@ def test_large_slots_are_given_as_each_worker_starts_a_task(free_slots):
     else:
         # The pool grows only for the task the loop waits for: some ask.
         assert needs and workers.pool.nbytes <= 4 * LATE_SLOT_BYTES
+
+
+def test_a_late_tasks_ask_gets_a_slot_of_the_present_size():
+    # A task sent without a slot asks for one of the size slots had when
+    # it was sent, which may have shrunk since (NOTE [ Slots after a spike ]
+    # in fastload/_memory.py): it gets one of the present size, and the
+    # slots do not grow back for it (they crept up after every shrink).
+    asked = []
+
+    def answer(worker_id, task_id, index):
+        if workers.dispatcher.table.in_flight[task_id].lease is None:
+            asked.append(task_id)
+            return workers.asks_for_slot(worker_id, task_id, index, 2 * LATE_SLOT_BYTES,
+                                         late=True)
+        return [workers.done(task_id, np.int64(index))]
+
+    workers = ScriptedWorkers(2, answer, slot_bytes=LATE_SLOT_BYTES)
+    dispatcher = dispatcher_over(workers, range(12), prefetch_factor=3)
+    assert delivered(dispatcher) == [(i, i) for i in range(12)]
+    assert asked and workers.pool.slot_size == LATE_SLOT_BYTES
 
 
 def test_lookahead_tasks_take_late_slots_too():
