@@ -126,8 +126,11 @@ def new_pool(slot_size: int, *, max_bytes: Optional[int] = None,
 # needed a quarter of the slot size or less, the slots shrink to the
 # largest of them plus an eighth, and acquire() drops the segments of the
 # old size once their slots are free, pages and all. A later batch that
-# needs more raises the size again, as any batch does. Smaller slots are
-# not watched: what they could keep is small, and every batch would pay.
+# needs more raises the size again, as any batch does; where that happens
+# after a shrink, the spikes recur, so the next shrink waits twice as many
+# batches (each regrowth makes and zeroes a segment: ~15 ms for 70 MiB).
+# Smaller slots are not watched: what they could keep is small, and every
+# batch would pay.
 WATCHED_SLOT_BYTES = 1 << 20
 SPIKE_WINDOW = 64
 
@@ -136,19 +139,25 @@ class SlotSizeWatch:
     """NOTE [ Slots after a spike ], for one pool."""
 
     def __init__(self) -> None:
+        self._window = SPIKE_WINDOW
         self._count = 0
         self._largest = 0
+        self._shrunk_to = 0  # the slot size of the last shrink, until it grows
 
     def saw(self, pool: SlabPool, end: int) -> bool:
         """Note a batch that ended at byte ``end`` of its slot; whether the
         pool's slots shrank after it."""
+        if self._shrunk_to and pool.slot_size > self._shrunk_to:
+            self._window *= 2  # grown back since the last shrink: spikes recur
+            self._shrunk_to = 0
         self._count += 1
         if end > self._largest:
             self._largest = end
-        if self._count < SPIKE_WINDOW:
+        if self._count < self._window:
             return False
         largest, self._count, self._largest = self._largest, 0, 0
         if largest * 4 > pool.slot_size:
             return False
         pool.shrink_to(largest + largest // 8)
+        self._shrunk_to = pool.slot_size
         return True
