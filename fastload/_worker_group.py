@@ -15,7 +15,9 @@ the interpreter exiting. ``_shutdown`` is that one path, run by a
 1. Close every task ring. A worker blocked waiting for a task wakes and
    exits; a worker in the middle of a task sees the closed ring before its
    next one. Close every result ring too, so that a worker blocked on a full
-   result ring wakes.
+   result ring wakes. Send SIGCONT to every worker still running, so that
+   one stopped (SIGSTOP) sees the closed rings too, rather than sleeping
+   through the join and being killed at its end.
 2. Join each worker with a shared deadline; then SIGTERM the ones still
    alive (a dataset stuck in a C call), join briefly; then SIGKILL and join.
    Joining reaps: no zombie is left.
@@ -371,6 +373,7 @@ def _shutdown(processes: list[Any], task_rings: list[Ring], result_rings: list[R
     the end of the shutdown (see _interrupts_deferred)."""
     deadline = time.monotonic() + JOIN_SECONDS
     steps: list[Callable[[], None]] = [ring.close for ring in task_rings + result_rings]
+    steps.append(lambda: _continue_stopped(processes))
     steps += [functools.partial(_join_until, p, deadline) for p in processes]
     steps.append(lambda: _stop_stubborn(processes))
     steps += [sock.close for sock in sockets]
@@ -385,6 +388,15 @@ def _shutdown(processes: list[Any], task_rings: list[Ring], result_rings: list[R
                 first = first or exc
         if first is not None:
             raise first
+
+
+def _continue_stopped(processes: list[Any]) -> None:
+    """SIGCONT each worker not yet reaped (so its pid is still its own);
+    a running one ignores it."""
+    for process in processes:
+        if process.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGCONT)
 
 
 def _join_until(process: Any, deadline: float) -> None:

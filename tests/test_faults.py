@@ -232,6 +232,25 @@ def test_timeout_error_names_the_wait():
     assert not worker_children()
 
 
+@pytest.mark.timeout(60)
+def test_a_stopped_worker_exits_at_shutdown_rather_than_being_killed():
+    # A worker frozen by SIGSTOP makes next() time out; the shutdown that
+    # follows sends it SIGCONT, so it sees its closed ring and exits (code
+    # 0). Before, it slept through the 5 s join and was killed (-9).
+    loader = fl.DataLoader(Sleepy(n=40, delay=0), batch_size=2, num_workers=1, timeout=0.5)
+    it = iter(loader)
+    worker = it._group.processes[0]
+    os.kill(worker.pid, signal.SIGSTOP)
+    with pytest.raises(RuntimeError, match="timed out"):
+        for _ in it:
+            pass
+    del it
+    gc.collect()
+    assert worker.exitcode == 0
+    assert not worker_children()
+    assert len(list(loader)) == 20  # and the loader goes on
+
+
 @pytest.mark.parametrize("ending", ["break", "exception", "del", "gc"])
 def test_early_endings_shut_workers_down(ending):
     loader = fl.DataLoader(Sleepy(n=200), batch_size=2, num_workers=2)
