@@ -140,11 +140,11 @@ class SlotPolicy:
 
     def _acquire_at_cap(self) -> Any:
         """A slot when the pool may not grow: from now on batches are copied
-        out of their slots, until the pool has room again (see _keeps_slot). Batches waiting to be
-        delivered are copied out first, and tasks queued behind one that
-        waits for a slot give theirs up; then it waits for a worker's
-        answer, as long as a worker is loading rather than waiting for a
-        slot itself."""
+        out of their slots, until the pool has room again (see
+        _keeps_slot). Batches waiting to be delivered are copied out first,
+        and tasks queued behind one that waits for a slot give theirs up;
+        then it waits for a worker's answer, as long as a worker is loading
+        rather than waiting for a slot itself."""
         self._copy_out = True
         deadline = deadline_after(self._timeout)
         while True:
