@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import gc
 import multiprocessing
 import os
 import pickle
@@ -240,7 +241,8 @@ class WorkerGroup:
             target=worker_main, args=(config, tasks, results, theirs, segments),
             name=f"fastload-worker-{config['worker_id']}", daemon=True)
         try:
-            process.start()
+            with _parent_objects_frozen(self.method == "fork"):
+                process.start()
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             ours.close()
             theirs.close()
@@ -388,6 +390,25 @@ def _shutdown(processes: list[Any], task_rings: list[Ring], result_rings: list[R
                 first = first or exc
         if first is not None:
             raise first
+
+
+@contextlib.contextmanager
+def _parent_objects_frozen(forking: bool) -> Iterator[None]:
+    """Around a fork: every object the parent has then is frozen
+    (gc.freeze), so a forked worker's collector never visits them. Garbage
+    the parent had not collected yet is the parent's to finalize: a worker
+    that collected it ran its finalizers a second time (a torch iterator's
+    __del__ printed errors from the worker; a finalizer that closes or
+    removes something would do it under the parent). The parent unfreezes
+    at once; a program that froze objects itself is left as it is."""
+    if not forking or gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _continue_stopped(processes: list[Any]) -> None:

@@ -1,5 +1,6 @@
 """num_workers > 0: torch's semantics over rings and slabs."""
 import collections
+import gc
 import os
 import pickle
 import subprocess
@@ -659,6 +660,42 @@ def test_the_slot_size_watch_shrinks_after_a_quiet_window_and_backs_off_when_spi
     pool.slot_size = 64 << 20
     shrunk = [watch.saw(pool, 1 << 20) for _ in range(2 * SPIKE_WINDOW)]
     assert shrunk.index(True) == 2 * SPIKE_WINDOW - 1
+
+
+class Finalized:
+    """Writes the pid of the process that finalizes it to ``path``."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __del__(self):
+        with open(self.path, "a") as out:
+            out.write(f"{os.getpid()}\n")
+
+
+def _collect_garbage(worker_id):
+    gc.collect()
+
+
+def test_a_forked_worker_never_finalizes_the_parents_garbage(tmp_path):
+    # A cycle the parent has not collected yet when workers fork: a
+    # worker's collection ran its finalizer too, once per worker (a torch
+    # iterator's __del__ printed errors from fastload workers that way).
+    record = tmp_path / "finalized"
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        garbage = Finalized(record)
+        garbage.cycle = garbage
+        del garbage
+        loader = fl.DataLoader(list(range(8)), batch_size=2, num_workers=2,
+                               worker_init_fn=_collect_garbage, multiprocessing_context="fork")
+        assert len(list(loader)) == 4
+    finally:
+        if was_enabled:
+            gc.enable()
+    gc.collect()
+    assert record.read_text().split() == [str(os.getpid())]
 
 
 class _Messages:
