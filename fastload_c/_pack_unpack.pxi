@@ -37,12 +37,20 @@ def unpack(base, layout):
             return _unpickle(base, message[1], message[2], message[3], length)
         if message[0] == "tree+values":
             values = message[2]
-            root = _decoded.get(message[1])
-            if root is None:
-                root = _remember(message[1], pickle.loads(message[1])[1])
-        else:
-            root = _remember(layout, message[1])
+        root = _tree_of(layout, message)
     return _build_out(root, base, data, length, readonly, values)
+
+
+cdef _Out _tree_of(bytes layout, object message):
+    """The decoded tree of ``layout``, a tree layout that unpickled to
+    ``message``, remembered for the next batch of the same layout."""
+    cdef _Out root
+    if message[0] == "tree+values":
+        root = _decoded.get(message[1])
+        if root is None:
+            root = _remember(message[1], pickle.loads(message[1])[1])
+        return root
+    return _remember(layout, message[1])
 
 
 cdef object _torch():
@@ -136,12 +144,7 @@ def layout_end(layout):
         message = pickle.loads(layout)
         if message[0] == "pickle":
             return max([message[1] + message[2]] + [off + n for off, n in message[3]])
-        if message[0] == "tree+values":
-            root = _decoded.get(message[1])
-            if root is None:
-                root = _remember(message[1], pickle.loads(message[1])[1])
-        else:
-            root = _remember(layout, message[1])
+        root = _tree_of(layout, message)
     return _end(root)
 
 
