@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from fastload.dataset import gathered_columns
-from fastload_c import shm
+from fastload_c import pack, shm
 from fastload_c.slab import SlabPool
 
 __all__ = [
@@ -144,9 +144,10 @@ class SlotSizeWatch:
         self._largest = 0
         self._shrunk_to = 0  # the slot size of the last shrink, until it grows
 
-    def saw(self, pool: SlabPool, end: int) -> bool:
-        """Note a batch that ended at byte ``end`` of its slot; whether the
-        pool's slots shrank after it."""
+    def saw(self, pool: SlabPool, layout: bytes) -> bool:
+        """Note a batch written with ``layout`` (pack's), in a slot of at
+        least WATCHED_SLOT_BYTES; whether the pool's slots shrank after it."""
+        end = pack.layout_end(layout)
         if self._shrunk_to and pool.slot_size > self._shrunk_to:
             self._window *= 2  # grown back since the last shrink: spikes recur
             self._shrunk_to = 0

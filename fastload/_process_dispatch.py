@@ -438,13 +438,14 @@ class ProcessDispatcher(SlotPolicy, DrawsTasks):
                     exc, task.worker_id,
                     f"while the main process rebuilt the batch of indices "
                     f"{describe_indices(task.index)}"))
+            else:
+                if task.lease.capacity >= WATCHED_SLOT_BYTES:
+                    # NOTE [ Slots after a spike ] in fastload._memory
+                    self._slot_watch.saw(self.workers.pool, message[2])
             table.finish(task_id, batch)
             self._stats[task.worker_id].add(message[3], message[4])
             task.has_dataset_state, task.dataset_state = message[5], message[6]
             task.dataset_ended = message[7]
-            lease = task.lease
-            if lease is not None and lease.capacity >= WATCHED_SLOT_BYTES:
-                self._watch_slot_size(message[2])
             if self._may_slot_late and self._slots_late():  # no call for gathered rows
                 self._offer_slot(task.worker_id)
             return

@@ -48,12 +48,10 @@ from typing import TYPE_CHECKING, Any
 
 from fastload._dispatch import deadline_after, wait_seconds
 from fastload._iterator import timed_out
-from fastload._memory import SlotSizeWatch
 from fastload._pinning import PinTimedOut
 from fastload._protocol import RESLOT, REVOKE
 from fastload._task_table import STREAM_ENDED, Failure, Task, TaskTable
 from fastload.errors import ShmError
-from fastload_c import pack
 
 if TYPE_CHECKING:
     from fastload._worker_group import WorkerGroup
@@ -91,7 +89,6 @@ class SlotPolicy:
     _needs: list[tuple[Any, ...]]
     _owed: int
     _revoked_leases: dict[int, Any]
-    _slot_watch: SlotSizeWatch
     _copy_out: bool
 
     if TYPE_CHECKING:
@@ -281,15 +278,6 @@ class SlotPolicy:
         task.lease = pool.acquire(nbytes) or self._acquire_at_cap()
         task.awaits_slot = False
         self.workers.send(task.worker_id, (RESLOT, task_id, slot_of(task.lease), 0))
-
-    def _watch_slot_size(self, layout: bytes) -> None:
-        """A batch of ``layout`` arrived in a watched slot: after a spike
-        the slots shrink (NOTE [ Slots after a spike ] in fastload._memory)."""
-        try:
-            end = pack.layout_end(layout)
-        except Exception:
-            return  # a layout this process cannot read: that batch failed
-        self._slot_watch.saw(self.workers.pool, end)
 
     def _revoke_queued_slots(self) -> bool:
         """At the pool's cap: take back the slots of the tasks queued behind

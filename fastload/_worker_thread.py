@@ -90,9 +90,8 @@ class ThreadSlots:
         slots are large (NOTE [ Slots after a spike ])."""
         if slot.capacity < _memory.WATCHED_SLOT_BYTES:
             return
-        end = pack.layout_end(layout)
         with self._lock:
-            if self._watch.saw(self.pool, end):
+            if self._watch.saw(self.pool, layout):
                 self.size = 0
 
 

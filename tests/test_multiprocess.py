@@ -640,6 +640,7 @@ def test_after_a_spike_the_slots_shrink_and_batches_keep_them_again(monkeypatch,
 
 def test_the_slot_size_watch_shrinks_after_a_quiet_window_and_backs_off_when_spikes_recur():
     from fastload._memory import SPIKE_WINDOW, SlotSizeWatch
+    from fastload_c.pack import collate_into
 
     class Pool:
         slot_size = 64 << 20
@@ -647,18 +648,22 @@ def test_the_slot_size_watch_shrinks_after_a_quiet_window_and_backs_off_when_spi
         def shrink_to(self, nbytes):
             self.slot_size = min(self.slot_size, nbytes)
 
+    slot = bytearray((16 << 20) + 1)
+    # The layouts of batches of one row of 1 MiB, and of 16 MiB and a byte.
+    mib, over_a_quarter = (collate_into([np.zeros(n, np.uint8)], slot)
+                           for n in (1 << 20, (16 << 20) + 1))
     pool, watch = Pool(), SlotSizeWatch()
     # A window with a batch needing over a quarter of the slot: no shrink.
-    assert not any(watch.saw(pool, (16 << 20) + 1 if k == 5 else 1 << 20)
+    assert not any(watch.saw(pool, over_a_quarter if k == 5 else mib)
                    for k in range(SPIKE_WINDOW))
     # A quiet window: the slots shrink to its largest batch plus an eighth.
-    shrunk = [watch.saw(pool, 1 << 20) for _ in range(SPIKE_WINDOW)]
+    shrunk = [watch.saw(pool, mib) for _ in range(SPIKE_WINDOW)]
     assert shrunk == [False] * (SPIKE_WINDOW - 1) + [True]
     assert pool.slot_size == (1 << 20) + (1 << 17)
     # The spike comes back (a NEED grows the pool): the next shrink waits
     # two windows.
     pool.slot_size = 64 << 20
-    shrunk = [watch.saw(pool, 1 << 20) for _ in range(2 * SPIKE_WINDOW)]
+    shrunk = [watch.saw(pool, mib) for _ in range(2 * SPIKE_WINDOW)]
     assert shrunk.index(True) == 2 * SPIKE_WINDOW - 1
 
 
