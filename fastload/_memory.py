@@ -128,11 +128,15 @@ def new_pool(slot_size: int, *, max_bytes: Optional[int] = None,
 # old size once their slots are free, pages and all. A later batch that
 # needs more raises the size again, as any batch does; where that happens
 # after a shrink, the spikes recur, so the next shrink waits twice as many
-# batches (each regrowth makes and zeroes a segment: ~15 ms for 70 MiB).
+# batches (each regrowth makes and zeroes a segment: ~15 ms for 70 MiB), up
+# to MAX_SPIKE_WINDOW: past it a regrowth costs less than a batch in a
+# thousand of those sizes, and a loader whose spikes stopped would
+# otherwise keep their pages ever longer.
 # Smaller slots are not watched: what they could keep is small, and every
 # batch would pay.
 WATCHED_SLOT_BYTES = 1 << 20
 SPIKE_WINDOW = 64
+MAX_SPIKE_WINDOW = 64 * SPIKE_WINDOW
 
 
 class SlotSizeWatch:
@@ -149,7 +153,8 @@ class SlotSizeWatch:
         least WATCHED_SLOT_BYTES; whether the pool's slots shrank after it."""
         end = pack.layout_end(layout)
         if self._shrunk_to and pool.slot_size > self._shrunk_to:
-            self._window *= 2  # grown back since the last shrink: spikes recur
+            # Grown back since the last shrink: spikes recur.
+            self._window = min(2 * self._window, MAX_SPIKE_WINDOW)
             self._shrunk_to = 0
         self._count += 1
         if end > self._largest:

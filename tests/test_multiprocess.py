@@ -639,7 +639,7 @@ def test_after_a_spike_the_slots_shrink_and_batches_keep_them_again(monkeypatch,
 
 
 def test_the_slot_size_watch_shrinks_after_a_quiet_window_and_backs_off_when_spikes_recur():
-    from fastload._memory import SPIKE_WINDOW, SlotSizeWatch
+    from fastload._memory import MAX_SPIKE_WINDOW, SPIKE_WINDOW, SlotSizeWatch
     from fastload_c.pack import collate_into
 
     class Pool:
@@ -665,6 +665,12 @@ def test_the_slot_size_watch_shrinks_after_a_quiet_window_and_backs_off_when_spi
     pool.slot_size = 64 << 20
     shrunk = [watch.saw(pool, mib) for _ in range(2 * SPIKE_WINDOW)]
     assert shrunk.index(True) == 2 * SPIKE_WINDOW - 1
+    # However often they recur, a quiet stretch of MAX_SPIKE_WINDOW batches
+    # shrinks the slots.
+    for _ in range(12):
+        pool.slot_size = 64 << 20
+        shrunk = [watch.saw(pool, mib) for _ in range(MAX_SPIKE_WINDOW)]
+    assert shrunk.index(True) == MAX_SPIKE_WINDOW - 1
 
 
 class Finalized:
