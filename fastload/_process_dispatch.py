@@ -463,17 +463,24 @@ class ProcessDispatcher(SlotPolicy, DrawsTasks):
             self._revoked(message[1])
             return
         if kind == NEED:
-            if message[3]:
-                # A late task asks for a slot of the size it was sent with,
-                # not more: the present size (NOTE [ Slots after a spike ]).
-                message = (NEED, task_id, min(message[2], self.workers.pool.slot_size), False)
             task = table.in_flight.get(task_id) or table.stale.get(task_id)
+            if message[3]:
+                if task is not None and task.lease is not None:
+                    # A late task's first ask, sent before the slot offered
+                    # to it since (_offer_slot) reached its worker: the
+                    # worker takes that RESLOT, the first for the task, and
+                    # writes there, asking again (not late) if the batch
+                    # needs more. Whatever the slot sizes did meanwhile, the
+                    # task keeps that slot.
+                    return
+                # It asks for a slot of the size it was sent with, not more:
+                # the present size (NOTE [ Slots after a spike ]).
+                message = (NEED, task_id, min(message[2], self.workers.pool.slot_size), False)
             if task is not None and not holds(task, message[2]):
                 # Its worker waits for the RESLOT and writes nothing more
                 # into a slot the batch did not fit: that slot is free now,
                 # which at the pool's cap may be what lets the request be
-                # served. (A late task's request is no bigger than the slot
-                # offered to it meanwhile, which it may be writing.)
+                # served.
                 task.lease, task.awaits_slot = None, True
             self._needs.append(message)
             return

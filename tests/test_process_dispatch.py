@@ -260,6 +260,51 @@ def test_a_late_tasks_ask_gets_a_slot_of_the_present_size():
     assert asked and workers.pool.slot_size == LATE_SLOT_BYTES
 
 
+def test_a_late_task_keeps_the_slot_offered_before_its_ask():
+    # A task sent without a slot is offered one as its worker starts it
+    # (RESLOT); a worker that looked for the offer before it came asks as
+    # well (a late NEED) and writes into the first slot it reads: the
+    # offered one. The ask must leave that slot with the task, also where
+    # slots shrank since the task was sent (NOTE [ Slots after a spike ] in
+    # fastload/_memory.py) and grew again since the offer: the batch was
+    # read from another slot, or failed.
+    workers = ScriptedWorkers(2, answer=None, slot_bytes=4 * LATE_SLOT_BYTES)
+    dispatcher = dispatcher_over(workers, [[i] for i in range(8)])
+    late = {task_id: slot for task_id, slot in workers.slots.items() if slot[0] < 0}
+    assert sorted(late) == [2, 3]  # each worker's second task
+    pool = workers.pool
+    pool.shrink_to(LATE_SLOT_BYTES)
+    assert pool.acquire() is not None  # a segment of the new size: slots to offer
+
+    def offered(task_id):
+        return [m[2] for _, m in workers.sent if m[0] == RESLOT and m[1] == task_id]
+
+    # Worker 1 answers task 1 and starts task 3, whose batch needs more than
+    # the slot offered: the slots grow.
+    workers.results[1].append(workers.done(1, np.int64(1)))
+    dispatcher._drain()
+    assert offered(3)[0][2] == LATE_SLOT_BYTES
+    # Worker 0 answers task 0: task 2 is offered a slot of the present size.
+    workers.results[0].append(workers.done(0, np.int64(0)))
+    dispatcher._drain()
+    assert [slot[2] for slot in offered(2)] == [LATE_SLOT_BYTES]
+    workers.results[1].append((NEED, 3, LATE_SLOT_BYTES * 3 // 2, False))
+    dispatcher._drain()
+    dispatcher._settle()
+    assert pool.slot_size > LATE_SLOT_BYTES
+    # Worker 0's late ask, sent before the offer reached it.
+    workers.results[0].append((NEED, 2, late[2][2], True))
+    dispatcher._drain()
+    dispatcher._settle()
+    assert [slot[2] for slot in offered(2)] == [LATE_SLOT_BYTES]
+    lease = dispatcher.table.in_flight[2].lease
+    assert (lease.segment_id, lease.offset) == offered(2)[0][:2]
+    # It writes there, and that batch is delivered.
+    workers.results[0].append(workers.done(2, np.int64(2)))
+    dispatcher._drain()
+    assert dispatcher.table.ready[2][1] == 2
+
+
 def test_lookahead_tasks_take_late_slots_too():
     def answer(worker_id, task_id, index):
         table = workers.dispatcher.table
