@@ -432,6 +432,40 @@ def test_batches_held_past_the_pool_cap_are_copied_out(monkeypatch):
     assert all((b == b[0, 0, 0]).all() for b in held)
 
 
+def test_batches_keep_their_slots_again_once_the_held_ones_are_dropped(monkeypatch):
+    # A cap of 12 slots: holding 20 batches copies the later ones out of
+    # their slots; once the program drops them, batches are views of their
+    # slots again (every slot free), not copies for the rest of the epoch.
+    import fastload._memory as memory
+    from fastload_c.slab import Lease
+
+    monkeypatch.setattr(memory, "default_max_bytes", lambda: 12 << 20)
+
+    class Rows(fl.Dataset):
+        def __len__(self):
+            return 60
+
+        def __getitem__(self, i):
+            return np.full(1 << 20, i, np.uint8)
+
+    def in_slot(batch):
+        while batch is not None and not isinstance(batch, Lease):
+            batch = getattr(batch, "base", None)
+        return batch is not None
+
+    held, kept = [], []
+    for k, batch in enumerate(fl.DataLoader(Rows(), batch_size=1, num_workers=2, timeout=60)):
+        assert (batch == k).all()
+        if k < 20:
+            held.append(batch)
+        elif k == 20:
+            held.clear()
+        kept.append(in_slot(batch))
+        del batch
+    assert not all(kept[:20])  # past the cap, copies
+    assert all(kept[30:])
+
+
 def test_a_ready_batch_is_returned_before_the_pool_grows_for_others():
     # 4 MiB samples outgrow the first slots. The first batch needs one new
     # segment (two slots: tasks 0 and 1); the segments that tasks 2, 3 and 4
