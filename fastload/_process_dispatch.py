@@ -114,6 +114,8 @@ class ProcessDispatcher(SlotPolicy, DrawsTasks):
         # Task id -> the slot that holds its index, revoked, until its
         # worker says it read the REVOKE (SlotPolicy._revoke_queued_slots).
         self._revoked_leases: dict[int, Any] = {}
+        # The task whose sending waits for a slot for its index, if any.
+        self._unsent: int | None = None
         self._slot_watch = SlotSizeWatch()
         # A batch drawn (index, position, snapshot, worker) whose sending
         # raised (the wait for a slot at the cap, an index pickle cannot
@@ -342,7 +344,13 @@ class ProcessDispatcher(SlotPolicy, DrawsTasks):
         it must)."""
         task.index_in_slot = True
         if task.lease is None or task.lease.capacity < len(index_bytes):
-            task.lease = self.workers.pool.acquire(len(index_bytes)) or self._acquire_at_cap()
+            # At the cap the wait takes back queued slots: not this task's,
+            # which its worker has not read (_revoke_queued_slots).
+            self._unsent = task_id
+            try:
+                task.lease = self.workers.pool.acquire(len(index_bytes)) or self._acquire_at_cap()
+            finally:
+                self._unsent = None
         with memoryview(task.lease) as slot:
             slot[:len(index_bytes)] = index_bytes
         return _protocol.index_in_slot_message(task_id, len(index_bytes), slot_of(task.lease))

@@ -89,6 +89,7 @@ class SlotPolicy:
     _needs: list[tuple[Any, ...]]
     _owed: int
     _revoked_leases: dict[int, Any]
+    _unsent: int | None
     _copy_out: bool
 
     if TYPE_CHECKING:
@@ -272,7 +273,7 @@ class SlotPolicy:
         task = table.in_flight.get(task_id) or table.stale.get(task_id)
         if task is None or holds(task, nbytes):
             return  # answered already, or a late slot offered before it asked
-        if pool.max_bytes and nbytes > pool.max_bytes:
+        if not pool.can_hold(nbytes):
             # No slot will ever hold it: the worker fails that batch instead.
             task.awaits_slot = False
             self.workers.send(task.worker_id, (RESLOT, task_id, None, pool.max_bytes))
@@ -297,7 +298,7 @@ class SlotPolicy:
             queued = [(task_id, task) for tasks in (table.in_flight, table.stale)
                       for task_id, task in tasks.items()
                       if task.worker_id == worker_id and task_id > first_id
-                      and task.lease is not None]
+                      and task.lease is not None and task_id != self._unsent]
             if not queued:
                 continue
             holding_indices = [(task_id, task) for task_id, task in queued if task.index_in_slot]

@@ -190,9 +190,9 @@ cdef class SlabPool:
             if self.max_bytes and grown > self.max_bytes:
                 # The growth margin must not make a slot the cap cannot hold
                 # (every later acquire would then return None).
-                grown = fl_slab_round_slot(nbytes, _PAGE)
-                if grown > self.max_bytes:
+                if not self.can_hold(nbytes):
                     return None  # no slot under the cap holds it; sizes stay
+                grown = fl_slab_round_slot(nbytes, _PAGE)
             self.slot_size = grown
             self._sized_by_batch = True
         self._retire_idle()
@@ -202,6 +202,13 @@ cdef class SlabPool:
                 return self._take(seg)
         seg = self._grow()
         return None if seg is None else self._take(seg)
+
+    def can_hold(self, size_t nbytes):
+        """Whether a slot of ``nbytes`` fits under ``max_bytes`` (always
+        without a cap): slots are whole pages, so a request just under the
+        cap may not."""
+        cdef size_t size = fl_slab_round_slot(nbytes, _PAGE)
+        return not self.max_bytes or (size != 0 and size <= self.max_bytes)
 
     def shrink_to(self, size_t nbytes):
         """Lower the slot size to ``nbytes`` (page-rounded) for every later

@@ -440,6 +440,45 @@ def test_at_the_cap_a_slot_holding_its_tasks_index_is_free_once_its_worker_read_
     assert told[:2] == [(REVOKE, [1]), (RESLOT, 0)]
 
 
+def test_at_the_cap_the_task_being_sent_is_not_revoked():
+    # A task whose index starts its slot may wait for a bigger slot at the
+    # cap while it is being sent, and that wait takes back the slots of
+    # tasks queued behind one that asks for a slot (REVOKE). The task being
+    # sent is not one of them: its worker would read the REVOKE first, take
+    # the slot the task then comes with for one taken back, and ask for
+    # another, which the task, holding a slot, would never be sent.
+    class Stop(Exception):
+        pass
+
+    def answer(worker_id, task_id, index):
+        raise Stop
+
+    workers = ScriptedWorkers(1, answer)
+    dispatcher = dispatcher_over(workers, [[0], [1], list(range(2, 3000))], prefetch_factor=2)
+    dispatcher._handle((NEED, 0, 3 * 4096, False))  # task 0 waits for a bigger slot
+    small = workers.pool.acquire()
+    workers.pool = _DryPool(workers.pool)
+    workers.pool.dry = True
+    with pytest.raises((Stop, fl.ShmError)):
+        dispatcher._dispatch(small)  # task 2: its index needs a bigger slot
+    assert [m[1] for _, m in workers.sent if m[0] == REVOKE] == [[1]]
+
+
+def test_a_slot_no_whole_pages_under_the_cap_can_make_fails_its_batch():
+    # Slots are whole pages: a request a few bytes under a cap that is no
+    # whole number of pages cannot be met. Its worker is told so and fails
+    # that batch, rather than being sent smaller slots for ever.
+    def answer(worker_id, task_id, index):
+        raise AssertionError("no worker answers in this test")
+
+    cap = 5 * 4096 + 100
+    workers = ScriptedWorkers(1, answer, max_bytes=cap)
+    dispatcher = dispatcher_over(workers, [[0]], prefetch_factor=1)
+    dispatcher._handle((NEED, 0, cap - 50, False))
+    dispatcher._settle()
+    assert [m for _, m in workers.sent if m[0] == RESLOT] == [(RESLOT, 0, None, cap)]
+
+
 class _DryPool:
     """A pool that, while ``dry``, has no free slot and cannot grow (at its cap)."""
 

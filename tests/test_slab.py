@@ -2,6 +2,7 @@
 transport, and batches crossing processes."""
 import contextlib
 import gc
+import mmap
 import multiprocessing as mp
 import os
 import pickle
@@ -398,3 +399,14 @@ def test_a_slot_grown_just_under_the_cap_is_still_leased():
     assert isinstance(pool.acquire(4096), Lease)  # the pool is still usable
     # A batch no slot under the cap can hold is refused, and sizes stay.
     assert pool.acquire(cap + 1) is None and pool.slot_size <= cap
+
+
+def test_can_hold_says_what_a_slot_of_whole_pages_fits_under_the_cap():
+    page = mmap.PAGESIZE
+    cap = 5 * page + 100  # no whole number of pages
+    pool = SlabPool(page, slots_per_segment=2, max_bytes=cap)
+    assert pool.can_hold(5 * page) and pool.can_hold(1)
+    # Under the cap, but its page-rounded slot is not.
+    assert not pool.can_hold(5 * page + 50)
+    assert pool.acquire(5 * page + 50) is None and pool.slot_size == page
+    assert SlabPool(page).can_hold(1 << 40)  # no cap
