@@ -237,11 +237,14 @@ class WorkerGroup:
         tasks = Ring(self._task_ring_bytes, spin=self._ring_spin)
         results = Ring(RESULT_RING_BYTES, self.doorbell, spin=self._ring_spin)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        forking = self.method == "fork"
+        # Forked: whether the worker collects once it froze what it inherits.
+        config["inherited_collector"] = gc.isenabled() if forking else None
         process = context.Process(
             target=worker_main, args=(config, tasks, results, theirs, segments),
             name=f"fastload-worker-{config['worker_id']}", daemon=True)
         try:
-            with _parent_objects_frozen(self.method == "fork"):
+            with _collector_paused(forking):
                 process.start()
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             ours.close()
@@ -393,22 +396,25 @@ def _shutdown(processes: list[Any], task_rings: list[Ring], result_rings: list[R
 
 
 @contextlib.contextmanager
-def _parent_objects_frozen(forking: bool) -> Iterator[None]:
-    """Around a fork: every object the parent has then is frozen
-    (gc.freeze), so a forked worker's collector never visits them. Garbage
-    the parent had not collected yet is the parent's to finalize: a worker
-    that collected it ran its finalizers a second time (a torch iterator's
-    __del__ printed errors from the worker; a finalizer that closes or
-    removes something would do it under the parent). The parent unfreezes
-    at once; a program that froze objects itself is left as it is."""
-    if not forking or gc.get_freeze_count():
+def _collector_paused(forking: bool) -> Iterator[None]:
+    """Around a fork: the collector off, so that a forked worker starts with
+    it off and freezes every object it inherits before it collects anything
+    (_worker_process.freeze_inherited_objects). Garbage the parent had not
+    collected yet is the parent's to finalize: a worker that collected it
+    ran its finalizers a second time (a torch iterator's __del__ printed
+    errors from the worker; a finalizer that closes or removes something
+    would do it under the parent). The parent's own generations stay as
+    they were: freezing there moved its young objects, garbage too, to the
+    oldest generation, which only full collections visit, and iterators
+    dropped in reference cycles piled up with their worker processes."""
+    if not forking or not gc.isenabled():
         yield
         return
-    gc.freeze()
+    gc.disable()
     try:
         yield
     finally:
-        gc.unfreeze()
+        gc.enable()
 
 
 def _continue_stopped(processes: list[Any]) -> None:

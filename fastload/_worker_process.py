@@ -5,6 +5,7 @@ fastload._fast_path).
 """
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import random
@@ -364,9 +365,22 @@ class _Worker:
         return None
 
 
+def freeze_inherited_objects(collector: bool | None) -> None:
+    """A forked worker (``collector`` not None) starts with the collector
+    off (_worker_group._collector_paused): every object it inherited is
+    frozen, so its collections never finalize the parent's garbage; then it
+    collects if the parent did (``collector``)."""
+    if collector is None:
+        return
+    gc.freeze()
+    if collector:
+        gc.enable()
+
+
 def worker_main(config: dict[str, Any], task_ring: Any, result_ring: Any,
                 segment_socket: socket.socket, segments: dict[int, Segment]) -> None:
     """Entry point of a worker process (any start method)."""
+    freeze_inherited_objects(config["inherited_collector"])
     # The main process handles Ctrl-C and shuts workers down; a worker that
     # died of the same SIGINT would only turn a clean stop into a crash report.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -6,6 +6,7 @@ import pickle
 import subprocess
 import sys
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -741,6 +742,56 @@ def test_a_forked_worker_never_finalizes_the_parents_garbage(tmp_path):
             gc.enable()
     gc.collect()
     assert record.read_text().split() == [str(os.getpid())]
+
+
+class _Cycle:
+    pass
+
+
+def test_starting_forked_workers_leaves_the_parents_young_garbage_young():
+    # Freezing the parent's objects around the fork moved them, garbage
+    # too, to the oldest generation, which only full collections visit:
+    # iterators dropped in reference cycles piled up with their workers.
+    freed = []
+    was_enabled = gc.isenabled()
+    gc.disable()  # no collection but those below
+    try:
+        gc.collect()
+        garbage = _Cycle()
+        garbage.cycle = garbage
+        weakref.finalize(garbage, freed.append, True)
+        del garbage
+        loader = fl.DataLoader(list(range(8)), batch_size=2, num_workers=2,
+                               multiprocessing_context="fork")
+        assert len(list(loader)) == 4
+        gc.collect(1)  # the young generations
+        assert freed == [True]
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def test_a_forked_worker_collects_as_its_parent_does():
+    def collector(worker_id):
+        return gc.isenabled(), gc.get_freeze_count() > 0
+
+    class Collector(fl.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return collector(i)
+
+    for parent_collects in (True, False):
+        was_enabled = gc.isenabled()
+        (gc.enable if parent_collects else gc.disable)()
+        try:
+            got = list(fl.DataLoader(Collector(), batch_size=None, num_workers=1,
+                                     multiprocessing_context="fork"))
+            assert gc.isenabled() is parent_collects
+        finally:
+            (gc.enable if was_enabled else gc.disable)()
+        assert got == [[parent_collects, True]] * 2  # as lists, as torch converts them
 
 
 class _Messages:
