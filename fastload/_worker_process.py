@@ -53,13 +53,23 @@ PARENT_CHECK_SECONDS = 0.5
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs. A zombie does not: a parent killed and not yet
+    reaped (its own parent busy) is dead to its workers."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # The state follows the command, which may hold any character.
+            state = stat.read().rsplit(b")", 1)[-1].split()[:1]
+    except (FileNotFoundError, ProcessLookupError):
         return False
-    except PermissionError:
+    except OSError:  # /proc unreadable here: whether the pid exists at all
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
         return True
-    return True
+    return state not in ([b"Z"], [b"X"], [])
 
 
 def _exit_if_orphaned(parent_pid: int) -> None:
