@@ -213,12 +213,14 @@ class SlotPolicy:
         """Whether a batch handed to the user may keep its slot: not once
         the pool is at its cap with every slot taken, since the user may
         keep every batch (see _acquire_at_cap); again only once the pool
-        has room for twice the tasks in flight, in free slots (the program
-        dropped the batches it kept) or in growth (its slots shrank after a
-        spike: NOTE [ Slots after a spike ] in fastload._memory), since a
-        batch kept at the edge of the cap takes the slot a task may need."""
+        has room for twice the tasks in flight, in growth (its slots shrank
+        after a spike: NOTE [ Slots after a spike ] in fastload._memory) or
+        in segments with no slot leased (the program dropped the batches it
+        kept), since a batch kept at the edge of the cap takes the slot a
+        task may need, or keeps a segment of a size outgrown from being
+        given back for a bigger one."""
         pool = self.workers.pool
-        if self._copy_out and (pool.max_bytes - pool.nbytes + pool.free_slots * pool.slot_size
+        if self._copy_out and (pool.max_bytes - pool.nbytes + pool.idle_bytes
                                < 2 * self._prefetch * pool.slot_size):
             return False
         self._copy_out = (pool.free_slots == 0 and pool.max_bytes > 0

@@ -294,6 +294,17 @@ cdef class SlabPool:
         return n
 
     @property
+    def idle_bytes(self):
+        """Bytes of the segments none of whose slots is leased: what
+        acquire() can reuse or give back whole, whatever the slot size."""
+        cdef _SlabSegment seg
+        cdef size_t total = 0
+        for seg in self._segments:
+            if fl_slots_free_count(seg.slots) == fl_slots_count(seg.slots):
+                total += seg.segment.size
+        return total
+
+    @property
     def leased(self):
         """Slots owned by a live Lease."""
         cdef _SlabSegment seg

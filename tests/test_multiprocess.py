@@ -467,6 +467,32 @@ def test_batches_keep_their_slots_again_once_the_held_ones_are_dropped(monkeypat
     assert all(kept[30:])
 
 
+def test_copy_out_lasts_while_a_kept_batch_would_keep_an_outgrown_segment(monkeypatch):
+    # Rows grow through the epoch, so slots do, at a cap of 12 MiB: once
+    # batches are copied out there, one kept in a slot again while the
+    # pool had no room to spare would hold a segment of the outgrown size,
+    # which the next bigger slot needs given back ("held by batches this
+    # program still references", with none kept).
+    import fastload._memory as memory
+
+    monkeypatch.setattr(memory, "default_max_bytes", lambda: 12 << 20)
+
+    class Growing(fl.Dataset):
+        def __len__(self):
+            return 36000
+
+        def __getitem__(self, i):
+            return {"x": np.full(64 + (i // 12000) * 128, i, np.float32), "y": i}
+
+    loader = fl.DataLoader(Growing(), batch_size=4000, num_workers=1, prefetch_factor=1,
+                           timeout=60)
+    seen = []
+    for batch in loader:
+        assert (batch["x"][:, 0] == batch["y"]).all()
+        seen.extend(batch["y"].tolist())
+    assert seen == list(range(36000))
+
+
 def test_a_ready_batch_is_returned_before_the_pool_grows_for_others():
     # 4 MiB samples outgrow the first slots. The first batch needs one new
     # segment (two slots: tasks 0 and 1); the segments that tasks 2, 3 and 4

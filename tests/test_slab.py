@@ -410,3 +410,18 @@ def test_can_hold_says_what_a_slot_of_whole_pages_fits_under_the_cap():
     assert not pool.can_hold(5 * page + 50)
     assert pool.acquire(5 * page + 50) is None and pool.slot_size == page
     assert SlabPool(page).can_hold(1 << 40)  # no cap
+
+
+def test_idle_bytes_counts_the_segments_with_no_slot_leased():
+    page = mmap.PAGESIZE
+    pool = SlabPool(page, slots_per_segment=2)
+    assert pool.idle_bytes == 2 * page  # the first segment, made at once
+    first = pool.acquire()
+    assert pool.idle_bytes == 0
+    second, third = pool.acquire(), pool.acquire()  # a second segment
+    del second
+    assert pool.idle_bytes == 0  # each segment has a slot leased
+    del third
+    assert pool.idle_bytes == 2 * page
+    del first
+    assert pool.idle_bytes == 4 * page
