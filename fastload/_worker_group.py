@@ -184,7 +184,14 @@ class WorkerGroup:
         self.doorbell = Doorbell()
         self.sigchld = _sigchld_wakes_us(context)
         if self.sigchld:
-            proc.ring_on_sigchld(self.doorbell)
+            try:
+                proc.ring_on_sigchld(self.doorbell)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                # More live worker groups than the handler rings: this one
+                # looks for deaths, as a forkserver's does.
+                self.sigchld = False
         # raise_if_dead's last look: SIGCHLDs counted then, and when the
         # next look is due anyway.
         self._sigchlds_seen = -1

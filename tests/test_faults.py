@@ -205,6 +205,37 @@ def test_batches_answered_before_a_death_are_delivered_first():
     assert not worker_children()
 
 
+def test_past_the_handlers_doorbells_a_loader_looks_for_deaths_itself():
+    """The SIGCHLD handler rings a doorbell per live worker group, 64 at
+    most; a group past that looks for its workers' deaths, as a
+    forkserver's does (iter() raised ENOSPC)."""
+    import errno
+
+    from fastload_c import proc
+    from fastload_c.ring import Doorbell
+
+    proc.install_sigchld_handler()
+    bells = []
+    try:
+        with pytest.raises(OSError) as full:
+            while True:
+                bell = Doorbell()
+                proc.ring_on_sigchld(bell)
+                bells.append(bell)
+        assert full.value.errno == errno.ENOSPC
+        loader = fl.DataLoader(ExitsAt(7), batch_size=2, num_workers=2)
+        delivered = []
+        with pytest.raises(fl.WorkerDiedError, match="batch 3 of the epoch"):
+            for batch in loader:
+                delivered.append(batch.tolist())
+                time.sleep(0.3)  # worker 0 answers batch 2 meanwhile
+        assert delivered == [[0, 1], [2, 3], [4, 5]]
+    finally:
+        for bell in bells:
+            proc.stop_ringing(bell)
+    assert not worker_children()
+
+
 def _slow_start_of_worker_1(worker_id):
     if worker_id == 1:
         time.sleep(0.5)
