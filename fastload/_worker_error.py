@@ -13,6 +13,9 @@ class WorkerError:
 
     def __init__(self, exc: BaseException, worker_id: int, where: str) -> None:
         self.exc_type = type(exc)
+        # Kept apart: the message names the type the worker raised, also
+        # where only RuntimeError can cross (see __reduce__).
+        self.type_name = type(exc).__name__
         self.text = "".join(traceback.format_exception(exc))
         self.worker_id = worker_id
         self.where = where
@@ -25,7 +28,8 @@ class WorkerError:
             exc_type: type = self.exc_type
         except Exception:
             exc_type = RuntimeError
-        return (_rebuild_worker_error, (exc_type, self.text, self.worker_id, self.where))
+        return (_rebuild_worker_error,
+                (exc_type, self.type_name, self.text, self.worker_id, self.where))
 
     def reraise(self, pid: int, thread: bool = False) -> NoReturn:
         # Raised from a call, so no frame of ours holds the exception in a
@@ -38,7 +42,7 @@ class WorkerError:
         process 0", which logs and tools look for), then says more."""
         worker = "thread" if thread else "process"
         message = (
-            f"Caught {self.exc_type.__name__} in DataLoader worker {worker} {self.worker_id} "
+            f"Caught {self.type_name} in DataLoader worker {worker} {self.worker_id} "
             f"(pid {pid}) {self.where}.\nOriginal {self.text}"
         )
         if self.exc_type is KeyError:
@@ -56,7 +60,9 @@ class _ReadableKeyErrorMessage(str):
         return self
 
 
-def _rebuild_worker_error(exc_type: type, text: str, worker_id: int, where: str) -> WorkerError:
+def _rebuild_worker_error(exc_type: type, type_name: str, text: str, worker_id: int,
+                          where: str) -> WorkerError:
     error = WorkerError.__new__(WorkerError)
-    error.exc_type, error.text, error.worker_id, error.where = exc_type, text, worker_id, where
+    error.exc_type, error.type_name, error.text = exc_type, type_name, text
+    error.worker_id, error.where = worker_id, where
     return error

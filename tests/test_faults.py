@@ -152,6 +152,27 @@ def test_a_workers_exception_starts_as_torchs_message(method, words):
                     r"while loading index 13\.", str(info.value))
 
 
+def _raises_a_local_exception(worker_id):
+    class ShardMissing(Exception):
+        pass
+
+    raise ShardMissing("no shard for this worker")
+
+
+@pytest.mark.parametrize("method, words", [("multiprocessing", "process"),
+                                           ("thread", "thread")])
+def test_an_exception_type_that_cannot_cross_is_still_named(method, words):
+    """A type defined in a function cannot be pickled: from a worker process
+    it arrives as RuntimeError, its message naming the type raised."""
+    loader = fl.DataLoader(list(range(4)), num_workers=1, worker_method=method,
+                           worker_init_fn=_raises_a_local_exception)
+    with pytest.raises(Exception) as info:
+        list(loader)
+    assert type(info.value).__name__ == ("ShardMissing" if method == "thread" else "RuntimeError")
+    assert str(info.value).startswith(f"Caught ShardMissing in DataLoader worker {words} 0")
+    assert "no shard for this worker" in str(info.value)
+
+
 class FailingAfterSlow(Failing):
     """Batch [8..11] is slow, so the failure in [12..15] arrives before it."""
 
