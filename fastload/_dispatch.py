@@ -5,9 +5,11 @@ without workers."""
 from __future__ import annotations
 
 import itertools
+import os
 import time
+import weakref
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from fastload._fast_path import BatchWriter, small_gathers
 from fastload._iterator import BaseIter, timed_out
@@ -138,8 +140,15 @@ class DrawsTasks:
 class WorkerIter(BaseIter):
     """A DataLoader iterator whose batches worker processes or threads load."""
 
+    # Every worker iterator alive in this process (see _inherited_by_fork).
+    live: weakref.WeakSet[WorkerIter] = weakref.WeakSet()
+    # Whether this process inherited it from the one that forked it.
+    _inherited = False
+
     def __init__(self, loader: Any, resume: LoaderState | None,
                  base_seed: int | None = None) -> None:
+        self._made_by = os.getpid()
+        WorkerIter.live.add(self)
         # How the workers write the batches, as this process sees it, once
         # for what follows from it. Decided before the sampler's iteration
         # starts: where the main thread gathers every batch, it draws their
@@ -155,6 +164,21 @@ class WorkerIter(BaseIter):
         # by copy ] in fastload._pinning); the subclass gives it its table.
         self._pinner = None if self._pin_torch is None else Pinner(self._pin_torch)
 
+    def _raise_stopped(self) -> NoReturn:
+        """next() once the workers were stopped: the epoch ended there; or
+        they serve the process that forked this one (_inherited_by_fork)."""
+        if self._inherited:
+            raise RuntimeError(
+                f"this DataLoader iterator was made by process {self._made_by}, which "
+                f"forked this one ({os.getpid()}): its workers serve that process. Make "
+                "a new iterator here (iter(loader)); a loader with persistent workers "
+                "then starts workers of this process's own")
+        raise StopIteration
+
+    def _disown(self) -> None:
+        """This process was forked from the one that made this iterator."""
+        self.reusable, self._inherited = False, True
+
     def _stop_pinning(self) -> None:
         """This iterator's epochs are over: its pinning thread stops, once
         it has finished the copy it is making (NOTE [ Pinning by copy ])."""
@@ -165,3 +189,18 @@ class WorkerIter(BaseIter):
     def _deadline(self) -> float | None:
         """When a wait that starts now must end (``timeout``), if ever."""
         return deadline_after(self._timeout)
+
+
+def _inherited_by_fork() -> None:
+    """In a child forked by user code (a worker process too): every worker
+    iterator is the parent's. Its workers serve the parent (processes) or
+    did not survive the fork (threads), so it loads nothing more here
+    (``_raise_stopped``) and a persistent loader's next iter() starts
+    workers of the child's own. Its processes are not the child's to shut
+    down either (_worker_group._disown_after_fork)."""
+    for iterator in list(WorkerIter.live):
+        iterator._disown()
+    WorkerIter.live.clear()
+
+
+os.register_at_fork(after_in_child=_inherited_by_fork)

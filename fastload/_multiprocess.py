@@ -94,7 +94,7 @@ class MultiProcessingIter(WorkerIter):
 
     def _next_data(self) -> Any:
         if not self.reusable:
-            raise StopIteration  # a worker died: the epoch ended there
+            self._raise_stopped()  # a worker died: the epoch ended there
         try:  # not _errors_raised(): a context manager costs ~1 µs a batch
             found = self._dispatcher.next_ready(self._progress.stream_ended)
         except (WorkerSetupFailed, WorkerGroupDied) as error:

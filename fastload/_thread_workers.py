@@ -207,6 +207,12 @@ class ThreadIter(WorkerIter, DrawsTasks):
     def _shutdown(self) -> None:
         self._stop()
 
+    def _disown(self) -> None:
+        # No thread of it survived the fork, and one may have held a lock
+        # that stopping them would wait on.
+        super()._disown()
+        self._stop_all.detach()
+
     def _stop(self) -> None:
         """Stop the worker threads for good: this iterator's epoch is over."""
         self.reusable = False
@@ -311,7 +317,7 @@ class ThreadIter(WorkerIter, DrawsTasks):
 
     def _next_data(self) -> Any:
         if not self.reusable:
-            raise StopIteration  # the workers were stopped: the epoch ended there
+            self._raise_stopped()
         table, progress = self._table, self._progress
         waiting = False
         while True:

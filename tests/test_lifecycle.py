@@ -621,3 +621,34 @@ def test_a_set_up_failure_is_raised_within_a_second_and_leaves_nothing_running()
 
     assert min(attempt() for _ in range(3)) < 1.0  # best of three: a busy machine stalls one
     assert not worker_children()
+
+
+@pytest.mark.parametrize("method", ["multiprocessing", "thread"])
+def test_a_forked_child_makes_workers_of_its_own_and_leaves_the_parents_alone(method):
+    # A child forked mid-epoch inherits the loader and its iterator, whose
+    # workers serve the parent (processes) or did not survive the fork
+    # (threads). The inherited iterator says so; the loader's next iter()
+    # starts the child's own workers; the parent's epoch goes on untouched
+    # (a child that took the parent's results left the parent waiting).
+    loader = fl.DataLoader(list(range(24)), batch_size=2, num_workers=2,
+                           persistent_workers=True, worker_method=method, timeout=30)
+    it = iter(loader)
+    got = [next(it).tolist() for _ in range(3)]
+    pid = os.fork()
+    if pid == 0:  # the child: no pytest machinery past this point
+        code = 1
+        try:
+            try:
+                next(it)
+            except RuntimeError as exc:
+                if "forked this one" in str(exc):
+                    code = 2
+            if code == 2 and [b.tolist() for b in loader] == [[i, i + 1] for i in range(0, 24, 2)]:
+                code = 0
+        finally:
+            os._exit(code)
+    got += [b.tolist() for b in it]
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert got == [[i, i + 1] for i in range(0, 24, 2)]
+    assert [b.tolist() for b in loader] == got  # the parent's workers, once more
