@@ -182,9 +182,11 @@ class SlotPolicy:
     def _a_worker_can_answer(self) -> bool:
         """Whether a worker is loading a task, not waiting for a slot (a
         worker that waits for one answers nothing until it gets it), or is
-        to answer a REVOKE."""
+        to answer a REVOKE. The task being sent (``_unsent``) is nobody's
+        yet."""
         return bool(self._revoked_leases) or any(
-            not task.awaits_slot for _, task in self._loaded_next().values())
+            not task.awaits_slot and task_id != self._unsent
+            for task_id, task in self._loaded_next().values())
 
     def _copy_ready_batch_out(self, deadline: float | None) -> bool:
         """Wait until a batch being pinned is (NOTE [ Pinning by copy ]), at

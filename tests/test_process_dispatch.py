@@ -464,6 +464,26 @@ def test_at_the_cap_the_task_being_sent_is_not_revoked():
     assert [m[1] for _, m in workers.sent if m[0] == REVOKE] == [[1]]
 
 
+def test_at_the_cap_the_task_being_sent_answers_nothing_yet():
+    # Its worker is not loading it: with nothing else in flight and the
+    # program holding the pool, the wait for a slot for its index raises
+    # what holds the pool, rather than waiting for an answer (which it did
+    # for ever without a timeout).
+    def answer(worker_id, task_id, index):
+        raise AssertionError("the main thread waits for a worker with nothing to do")
+
+    workers = ScriptedWorkers(1, answer)
+    dispatcher = dispatcher_over(workers, [[0], list(range(1, 3000))], prefetch_factor=1)
+    workers.results[0].append(workers.done(0, np.int64(0)))
+    dispatcher._drain()
+    held = dispatcher.table.pop_next_batch(True, lambda task: None)  # noqa: F841
+    small = workers.pool.acquire()
+    workers.pool = _DryPool(workers.pool)
+    workers.pool.dry = True
+    with pytest.raises(fl.ShmError, match="held by batches this program still references"):
+        dispatcher._dispatch(small)
+
+
 def test_a_slot_no_whole_pages_under_the_cap_can_make_fails_its_batch():
     # Slots are whole pages: a request a few bytes under a cap that is no
     # whole number of pages cannot be met. Its worker is told so and fails
