@@ -620,7 +620,11 @@ cdef int _refuse_what_numpy_rules_decide(_Plan plan, _Walk w) except -1:
 
 cdef dict _promoted(_Plan plan, _Walk w):
     """Batch dtypes of leaves whose samples' dtypes differ: as np.stack for
-    arrays, as np.array infers for numbers."""
+    arrays, as np.array infers for an int or bool leaf's numbers. TypeError
+    (the caller's rules decide) where that is no number's dtype (an int
+    past 64 bits makes an object array), and where numpy makes floats of
+    ints and bools alone: ints on both sides of 2**63 are no float batch
+    (fastload.collate makes uint64 of them, or raises)."""
     cdef dict out = {}
     cdef Py_ssize_t b = plan.batch
     cdef _Node node
@@ -628,9 +632,17 @@ cdef dict _promoted(_Plan plan, _Walk w):
         node = plan.leaves[leaf]
         objs = w.keep[leaf * b:(leaf + 1) * b]
         if node.kind == K_ARRAY or node.kind == K_NPSCALAR:
-            out[leaf] = np.result_type(*[np.asarray(o).dtype for o in objs])
+            dtype = np.result_type(*[np.asarray(o).dtype for o in objs])
         else:
-            out[leaf] = np.array(objs).dtype
+            dtype = np.array(objs).dtype
+            if dtype.kind not in "biufc" or (dtype.kind in "fc" and all(
+                    type(o) is int or type(o) is bool for o in objs)):
+                raise TypeError("collate_into: the numbers of a leaf make a {} batch, "
+                                "which it leaves to the caller".format(dtype))
+        if dtype.kind not in "biufcmM":
+            raise TypeError("collate_into: the samples of a leaf make a {} batch, "
+                            "which it leaves to the caller".format(dtype))
+        out[leaf] = dtype
     return out
 
 

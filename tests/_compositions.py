@@ -70,6 +70,8 @@ def leaf(kind: str, seed: int, i: int, path: str):
         row = np.zeros(2, dtype=PADDED)
         row["a"], row["b"] = i, rng.standard_normal(2)
         return row
+    if kind == "wildnum":  # numbers of every kind at one position, ints past 64 bits too
+        return WILD_NUMBERS[(i * 5 + seed) % len(WILD_NUMBERS)]
     if kind == "bigint":  # past int64: numpy makes them np.ulonglong
         return 2**63 + i
     if kind == "ulonglong":
@@ -81,6 +83,9 @@ def leaf(kind: str, seed: int, i: int, path: str):
     if kind == "none":
         return None
     raise ValueError(kind)
+
+
+WILD_NUMBERS = [True, 3, 2**63 + 1, -2, 2**70, 2.5, np.uint16(7), np.float32(1.5), False]
 
 
 def sample(structure, seed: int, i: int, path: str = ""):
