@@ -388,6 +388,12 @@ cdef int _visit(_Node node, object o, Py_ssize_t s, _Walk w) except -1:
     if s == 0 and _kind_of(o) != kind:
         return STALE
     if kind == K_VALUE:
+        if not isinstance(o, (str, bytes)):
+            # default_collate keeps them all as they are, which a plain
+            # pickle of the values would not (an array's byte order, say):
+            # the caller's path.
+            raise TypeError("collate_into: sample {} holds a {} where sample 0 holds a "
+                            "string".format(s, type(o).__name__))
         _keep(<list>w.values[node.leaf], s, o)
         return 0
     # Later samples may give another kind of number: a float batch takes

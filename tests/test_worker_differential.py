@@ -192,6 +192,20 @@ def test_a_number_leaf_of_mixed_kinds_is_collated_alike_on_every_path(numbers):
     assert run(num_workers=1, worker_method="thread") == expected
 
 
+@pytest.mark.parametrize("last", [np.array([1.0, 2.0], ">f8")[::-1],
+                                  np.arange(2, dtype=np.ulonglong)], ids=["f8be", "ulonglong"])
+def test_a_string_leaf_keeps_a_later_samples_array_as_it_is_on_every_path(last):
+    # default_collate keeps a string leaf's samples as they are; the C
+    # collation pickled them plainly, which gives such arrays back in
+    # native byte order, or as np.uint64's.
+    samples = [b"n", b"", last]
+    for kwargs in ({}, {"num_workers": 1}, {"num_workers": 1, "worker_method": "thread"}):
+        batch = next(iter(fl.DataLoader(Numbers(samples), batch_size=3, **kwargs)))["n"]
+        assert batch[:2] == [b"n", b""], kwargs
+        assert batch[2].dtype.str == last.dtype.str and batch[2].dtype.char == last.dtype.char
+        assert batch[2].tolist() == last.tolist()
+
+
 DTYPE_LEAVES = ["f32be", "padded", "bigint", "ulonglong"]
 
 
