@@ -256,7 +256,10 @@ def _collate_tensors(batch: Sequence[Any], elem: Any) -> Any:
     try:
         return torch.stack(list(batch))
     except RuntimeError:
-        raise _shape_error([tuple(t.shape) for t in batch]) from None
+        shapes = [tuple(t.shape) for t in batch]
+        if all(shape == shapes[0] for shape in shapes):
+            raise  # not the shapes: torch's own reason (dtypes it cannot promote, say)
+        raise _shape_error(shapes) from None
 
 
 def _collate_numpy_scalars(batch: Sequence[Any], elem: Any) -> np.ndarray:

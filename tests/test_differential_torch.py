@@ -276,6 +276,17 @@ def test_default_collate_raises_the_same_types(batch):
         fl.default_collate(batch)
 
 
+def test_tensors_torch_cannot_stack_raise_torchs_reason():
+    # Equal shapes, dtypes torch.stack will not promote: the reason is
+    # torch's, not a shape error's.
+    batch = [torch.ones(2, dtype=torch.int16), torch.ones(2, dtype=torch.uint16)]
+    with pytest.raises(RuntimeError) as theirs:
+        td.default_collate(batch)
+    with pytest.raises(RuntimeError) as ours:
+        fl.default_collate(batch)
+    assert str(ours.value) == str(theirs.value)
+
+
 def test_default_convert_on_the_same_input():
     sample = (np.float64(2.0), [np.arange(3)], {"k": Pair(np.int8(1), "s")}, 5)
     assert_same(fl.default_convert(sample), to_numpy(td.default_convert(sample)))
