@@ -178,7 +178,7 @@ class _LengthBatchSampler(Sampler[list[int]]):
                 self.sampler.load_state_dict(inner_state)  # type: ignore[union-attr]
         else:
             inner_state, skip = sampler_state(self.sampler), 0
-            token = _seed.draw_seed(self._rng) if self.shuffle else None
+            token = _seed.draw_seed(self._own_rng()) if self.shuffle else None
         batches = self._epoch(self._inner_indices(), token)
         current = iter(batches)
         if skip:
@@ -213,14 +213,24 @@ class _LengthBatchSampler(Sampler[list[int]]):
             in_epoch = True
         else:
             inner_state, token, yielded, in_epoch = sampler_state(self.sampler), None, 0, False
-        return {"generator": _seed.generator_state(self._rng), "sampler": inner_state,
+        # Seeded now if not yet: a state taken before the first epoch then
+        # fixes the epochs after it too.
+        generator = _seed.generator_state(self._own_rng()) if self.shuffle else None
+        return {"generator": generator, "sampler": inner_state,
                 "in_epoch": in_epoch, "epoch": token, "yielded": yielded}
+
+    def _own_rng(self) -> Any:
+        """The generator the epochs' seeds come from: without ``generator``,
+        one of its own, seeded once from numpy's global RNG, whose state a
+        checkpoint holds (NOTE [ Determinism contract ] in fastload._seed)."""
+        self._rng = _seed.own_generator(self._rng)
+        return self._rng
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a ``state_dict()``: the next ``iter()`` continues its epoch
         where it stopped (exactly so when the inner sampler keeps a state or
         is deterministic), and later epochs follow as they would have."""
-        _seed.set_generator_state(self._rng, state["generator"])
+        self._rng = _seed.restored_generator(self._rng, state["generator"])
         self._batches = None
         if state["in_epoch"]:
             self._resume = (state["sampler"], state["epoch"], int(state["yielded"]))

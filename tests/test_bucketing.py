@@ -12,14 +12,13 @@ import fastload as fl
 
 def make_sampler(kind, lengths, seed=0, inner=None, **options):
     inner = fl.RandomSampler(range(len(lengths)), generator=seed) if inner is None else inner
+    options.setdefault("generator", seed + 1)
     if kind == "count":
-        return fl.BucketBatchSampler(inner, lengths, batch_size=4, bucket_size=8,
-                                     generator=seed + 1, **options)
+        return fl.BucketBatchSampler(inner, lengths, batch_size=4, bucket_size=8, **options)
     if kind == "tokens":
-        return fl.BucketBatchSampler(inner, lengths, max_tokens=60, bucket_size=16,
-                                     generator=seed + 1, **options)
+        return fl.BucketBatchSampler(inner, lengths, max_tokens=60, bucket_size=16, **options)
     return fl.PackedBatchSampler(inner, lengths, max_tokens=60, strategy=kind, bucket_size=16,
-                                 generator=seed + 1, **options)
+                                 **options)
 
 
 KINDS = ("count", "tokens", "first_fit", "best_fit")
@@ -106,6 +105,30 @@ def test_resume_continues_exactly(kind, lengths, stop, seed):
     assert len(resumed) == len(taken) + len(rest)
     assert list(resumed) == rest
     assert list(resumed) == following
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("stop", [0, 3])
+def test_without_a_generator_a_resume_continues_exactly_later_epochs_too(kind, stop):
+    # Without ``generator`` each epoch's seed came from numpy's global RNG
+    # and the state held none: the epochs after a resume were others.
+    lengths = np.arange(40) % 13
+
+    def sampler():
+        inner = fl.RandomSampler(range(len(lengths)), generator=1)
+        return make_sampler(kind, lengths, inner=inner, generator=None)
+
+    np.random.seed(3)
+    original = sampler()
+    epoch = iter(original)
+    taken = list(itertools.islice(epoch, stop))
+    state = original.state_dict()
+    expected = list(epoch) + list(original) + list(original)
+    np.random.seed(4)  # another run's global RNG: the state must decide
+    resumed = sampler()
+    resumed.load_state_dict(state)
+    assert len(taken) == stop
+    assert list(resumed) + list(resumed) + list(resumed) == expected
 
 
 def test_a_state_between_epochs_starts_the_next_epoch():
