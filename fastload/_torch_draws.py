@@ -46,6 +46,7 @@ class ResumableDraw:
         self._saves_generator = saves_generator
         self._start: Any = None  # the generator's state this epoch began from
         self._pending = False  # iter() was called, its first draw not made yet
+        self._pending_resume: tuple[Any, int] | None = None  # that iter()'s resume
         self._drawn = 0
         self._resume: tuple[Any, int] | None = None
 
@@ -58,6 +59,8 @@ class ResumableDraw:
     def __iter__(self) -> Iterator[Any]:
         self._start, self._drawn, self._pending = None, 0, True
         resume, self._resume = self._resume, None
+        # Until its first draw, the epoch is the resumed one (state_dict).
+        self._pending_resume = resume
         return self._draw_epoch(resume)
 
     def _draw_epoch(self, resume: tuple[Any, int] | None) -> Iterator[Any]:
@@ -82,6 +85,7 @@ class ResumableDraw:
                     caller = None
             set_generator_state(generator, start)
         self._start, self._drawn, self._pending = generator_state(generator).tolist(), 0, False
+        self._pending_resume = None
         draws = iter(self.draws)
         try:
             head = [next(draws)]  # where torch's samplers draw their order
@@ -108,6 +112,12 @@ class ResumableDraw:
     def state_dict(self) -> dict[str, Any]:
         if self._start is not None:
             return {"generator": self._start, "drawn": self._drawn}
+        resume = self._pending_resume
+        if self._pending and resume is not None and resume[0] is not None:
+            # A resumed epoch not drawn from yet (the loader's snapshot at
+            # iter()): it is that state's epoch, not one from the generator
+            # as it is now.
+            return {"generator": resume[0], "drawn": resume[1]}
         # Where the next draw starts from: after iter(), and for a generator
         # of the sampler's own at any time (between epochs nothing else puts
         # it back); the loader's or torch's global one between epochs is the

@@ -341,6 +341,36 @@ def test_a_samplers_generator_is_saved_between_epochs(loader, batching, epochs_b
     assert before + [epoch(resumed) for _ in range(3 - epochs_before)] == expected
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_state_taken_before_a_resumed_epochs_next_snapshot_resumes_it(num_workers):
+    """Resumed from a state between epochs, the next epoch's state at iter()
+    (snapshot_every_n_steps 4: the snapshot a later state holds) is that
+    of the resumed epoch, not of a fresh draw from the sampler's generator
+    as a new process has it: the rest of the epoch was another order."""
+    def make():
+        generator = torch.Generator().manual_seed(3)
+        return fl.DataLoader(list(range(12)), batch_size=2, num_workers=num_workers,
+                             snapshot_every_n_steps=4,
+                             sampler=td.RandomSampler(range(12), generator=generator))
+
+    def epoch(made):
+        return [int(x) for batch in made for x in batch]
+
+    uninterrupted = make()
+    epoch(uninterrupted)
+    between = json.loads(json.dumps(uninterrupted.state_dict()))
+    expected = epoch(uninterrupted)
+    second = make()
+    second.load_state_dict(between)
+    it = iter(second)
+    head = [int(x) for x in next(it)]
+    early = json.loads(json.dumps(second.state_dict()))
+    del it
+    third = make()
+    third.load_state_dict(early)
+    assert head + epoch(third) == expected
+
+
 class RandomRows(td.Dataset):
     """Each sample drawn from torch's global generator, whose state is the
     dataset's state (torchdata's tests do this)."""
