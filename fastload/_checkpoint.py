@@ -39,7 +39,10 @@ received, never what workers prefetched. It is made of:
   sampler's; in a worker, a stream's end state is that of what holds it
   (the dataset, or its stateful iterator), and a persistent worker resumed
   between epochs loads it into a fresh iterator before the next epoch's,
-  as torchdata does (``resume_ended_replica``);
+  as torchdata does (``resume_ended_replica``). A stream's state taken
+  before it yielded anything may still be the previous stream's end, and
+  is restored as such (NOTE [ A stream restored at its end ] in
+  fastload._fetch);
 * for a map-style dataset with ``state_dict`` and ``load_state_dict``, its
   state as torchdata keeps it: loaded in the main process, the dataset's at
   each snapshot, restored once the sampler is positioned, then the batches
@@ -239,16 +242,19 @@ def _restore_between_epochs(loader: Any, state: LoaderState) -> None:
 class ResumeStart:
     """What ``DataLoader.__iter__`` needs of a pending state: the state the
     new iterator continues (None when the saved epoch ran out: a new epoch
-    starts), and for persistent workers the base seed their saved run kept
-    and where their replicas were."""
+    starts), for persistent workers the base seed their saved run kept and
+    where their replicas were, and whether the iterable dataset in this
+    process was restored where its stream ran out (``stream_ended``: NOTE
+    [ A stream restored at its end ] in fastload._fetch)."""
 
-    __slots__ = ("state", "base_seed", "replica_states")
+    __slots__ = ("state", "base_seed", "replica_states", "stream_ended")
 
-    def __init__(self, state: LoaderState | None, base_seed: int | None,
-                 replica_states: list[Any] | None) -> None:
+    def __init__(self, state: LoaderState | None, base_seed: int | None = None,
+                 replica_states: list[Any] | None = None, stream_ended: bool = False) -> None:
         self.state = state
         self.base_seed = base_seed
         self.replica_states = replica_states
+        self.stream_ended = stream_ended
 
 
 def start(loader: Any, state: LoaderState, restored: bool) -> ResumeStart:
@@ -262,9 +268,10 @@ def start(loader: Any, state: LoaderState, restored: bool) -> ResumeStart:
     loader._rng = _seed.restored_generator(loader._rng, state.generator)
     loader._epoch = state.epoch + 1 if state.finished else state.epoch
     if not state.finished:
-        return ResumeStart(state, None, None)
+        return ResumeStart(state)
     if not loader.persistent_workers:
-        return ResumeStart(None, None, None)
+        return ResumeStart(None, stream_ended=(loader._dataset_kind is DatasetKind.ITERABLE
+                                               and state.dataset is not None))
     # The saved run's next epoch reused its iterator and so its base seed
     # (None if it had no iterator yet), drawing none from the generator: so
     # must this one. And its workers' replicas were where they ended.
@@ -335,7 +342,7 @@ def resume_stream(fetcher: DatasetFetcher, progress: Progress, state: LoaderStat
     state read again and dropped."""
     progress.dataset_ended = state.dataset_ended
     if fetcher.stateful:
-        fetcher.restore(state.dataset)
+        restore_at_step(fetcher, state.dataset, state.dataset_step)
         # What the dataset says now, as torchdata asks it again.
         progress.dataset, progress.dataset_step = fetcher.state(), state.dataset_step
     if state.dataset_ended:
@@ -414,18 +421,44 @@ def resume_replica(fetcher: DatasetFetcher, worker: WorkerState,
     """Put one worker's replica where a checkpoint left it: its state (after
     iter(), as torchdata does), then, for an iterable stream, the batches it
     delivered after that state read and dropped."""
-    fetcher.restore(worker.state)
+    restore_at_step(fetcher, worker.state, worker.state_step)
     if isinstance(fetcher, IterableDatasetFetcher):
         skip_batches(fetcher, worker.yielded - worker.state_step, batch_size)
 
 
-def resume_ended_replica(fetcher: DatasetFetcher, state: Any) -> None:
+def restore_at_step(fetcher: DatasetFetcher, state: Any, step: int) -> None:
+    """Restore a dataset's ``state``, recorded after its batch ``step``: an
+    iterable stream's recorded before the first (step 0, the state of the
+    epoch's start) may be the previous stream's end (NOTE [ A stream
+    restored at its end ] in fastload._fetch)."""
+    if step == 0 and isinstance(fetcher, IterableDatasetFetcher):
+        fetcher.restore_before_first_sample(state)
+    else:
+        fetcher.restore(state)
+
+
+def resume_ended_replica(new_fetcher: Callable[[], DatasetFetcher], state: Any) -> None:
     """A persistent worker resumed between epochs: its replica put where the
     saved run's was when its stream ran out, as torchdata restores an
     end-of-epoch state: the state loaded into what keeps it (the dataset, or
-    the iterator ``fetcher`` has just taken from it, whose side effects,
-    a global RNG say, then stand), before the next epoch's iter()."""
-    fetcher.restore(state)
+    an iterator taken from it for this, whose side effects, a global RNG
+    say, then stand), then the next epoch's fetcher made (``new_fetcher``
+    makes the worker's fetcher and returns it), whose stream may be the
+    ended one (NOTE [ A stream restored at its end ] in fastload._fetch)."""
+    loaded = new_fetcher()
+    loaded.restore(state)
+    if state is not None:
+        after_restored_end(new_fetcher())
+    else:
+        new_fetcher()
+
+
+def after_restored_end(fetcher: DatasetFetcher) -> None:
+    """The first epoch after an iterable dataset was restored where its
+    stream ran out: its first stream may be that ended one (NOTE [ A
+    stream restored at its end ] in fastload._fetch)."""
+    if isinstance(fetcher, IterableDatasetFetcher) and fetcher.dataset_keeps_state:
+        fetcher.read_past_an_ended_stream()
 
 
 def _length_or_none(sampler: Any) -> float:

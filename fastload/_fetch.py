@@ -156,6 +156,27 @@ class IterableDatasetFetcher(DatasetFetcher):
     def ran_out(self, exc: BaseException) -> bool:
         return isinstance(exc, StopIteration)
 
+    def restore_before_first_sample(self, state: Any) -> None:
+        """``restore`` a state taken before a stream yielded anything: at an
+        epoch's start, or once the last epoch's stream ran out. A stream
+        the dataset holds that runs out before its first sample was the
+        one that state ended; the epoch is then read from a fresh
+        ``iter(dataset)`` (NOTE [ A stream restored at its end ])."""
+        self.restore(state)
+        if state is not None and self.dataset_keeps_state:
+            self.read_past_an_ended_stream()
+
+    @property
+    def dataset_keeps_state(self) -> bool:
+        """Whether the stream's state is the dataset's, not its iterator's."""
+        return self._stateful_source is self.dataset
+
+    def read_past_an_ended_stream(self) -> None:
+        """Read the epoch from a fresh ``iter(dataset)`` if the current
+        stream runs out before its first sample (NOTE [ A stream restored
+        at its end ])."""
+        self.dataset_iter = _EndedOrNot(self, self.dataset_iter)
+
     def end_state(self) -> Any:
         """The dataset's own state once its stream ran out (it has seen
         StopIteration), where the next epoch starts from; None when the
@@ -184,6 +205,49 @@ class IterableDatasetFetcher(DatasetFetcher):
         if not self.auto_collation:
             return self.collate_fn(next(self.dataset_iter))
         return self.collate(self.fetch_samples(possibly_batched_index), possibly_batched_index)
+
+
+class _EndedOrNot:
+    """The first iterator of a stream restored before its first sample:
+    its first ``next`` tells whether it is a whole epoch (the fetcher then
+    reads it directly) or the end of an earlier one, given way to a fresh
+    ``iter(dataset)``.
+
+    NOTE [ A stream restored at its end ]
+
+    An iterable dataset's state says where its stream stands. Taken before
+    a new stream yielded anything (the state of an epoch's start, or that
+    of a stream that ran out), it may still describe the previous stream's
+    end: a dataset that records its position as it yields and applies a
+    loaded position at its next ``__iter__`` (torchdata's usual pattern)
+    reports where its last stream ended until the next one yields.
+    Restored, that state makes the next stream continue the ended one,
+    which yields nothing, where the saved run went on to a whole epoch. So
+    a stream restored from such a state that runs out before its first
+    sample is taken for that ended one, and the epoch is read from a fresh
+    ``iter(dataset)``, as the saved run read it. A dataset whose state
+    already describes the new stream (one that resets its position as its
+    stream ends) yields from the restored stream, which is kept. Only a
+    state the dataset holds can be stale so: an iterator's own state is
+    always that of its own stream, which the next epoch replaces.
+    """
+
+    __slots__ = ("fetcher", "restored")
+
+    def __init__(self, fetcher: IterableDatasetFetcher, restored: Iterator[Any]) -> None:
+        self.fetcher, self.restored = fetcher, restored
+
+    def __iter__(self) -> _EndedOrNot:
+        return self
+
+    def __next__(self) -> Any:
+        fetcher = self.fetcher
+        fetcher.dataset_iter = self.restored
+        try:
+            return next(self.restored)
+        except StopIteration:
+            fetcher.dataset_iter = iter(fetcher.dataset)
+            return next(fetcher.dataset_iter)
 
 
 def is_stateful(source: Any) -> bool:

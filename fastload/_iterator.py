@@ -338,7 +338,10 @@ def timed_out(timeout: float) -> RuntimeError:
 class SingleProcessIter(BaseIter):
     """Fetches and collates each batch in the calling thread."""
 
-    def __init__(self, loader: Any, resume: LoaderState | None) -> None:
+    def __init__(self, loader: Any, resume: LoaderState | None,
+                 stream_ended: bool = False) -> None:
+        """``stream_ended``: the iterable dataset was restored where its
+        stream ran out (``_checkpoint.ResumeStart``)."""
         super().__init__(loader, resume, index_arrays=reads_index_arrays(loader))
         if self._timeout != 0:
             raise InvalidArgumentError(
@@ -355,6 +358,8 @@ class SingleProcessIter(BaseIter):
             self._collate_fn,
             self._drop_last,
         )
+        if stream_ended:
+            _checkpoint.after_restored_end(self._fetcher)
         progress = self._progress
         if resume is None:
             # A state taken before the first batch then holds the dataset's

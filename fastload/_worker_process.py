@@ -20,7 +20,7 @@ import numpy as np
 
 from fastload import _checkpoint, _datapipes, _memory, _protocol
 from fastload._fast_path import BatchWriter
-from fastload._fetch import DatasetKind, create_fetcher, describe_failure
+from fastload._fetch import DatasetFetcher, DatasetKind, create_fetcher, describe_failure
 from fastload._loader_state import WorkerState
 from fastload._protocol import (
     DONE,
@@ -181,7 +181,7 @@ class _Worker:
     def exit_if_orphaned(self) -> None:
         _exit_if_orphaned(self.config["parent_pid"])
 
-    def new_fetcher(self) -> None:
+    def new_fetcher(self) -> DatasetFetcher:
         if self.datapipe:
             seed = _datapipes.epoch_seed(self.pipe_seed, self.config["base_seed"],
                                          sample_context.epoch)
@@ -190,6 +190,7 @@ class _Worker:
                                       self.collate_fn, self.config["drop_last"])
         self.ended = False
         self.batches_done = 0
+        return self.fetcher
 
     def resume(self, progress: dict[str, Any]) -> None:
         """Put this worker's dataset replica where a checkpoint left it
@@ -203,13 +204,12 @@ class _Worker:
 
     def run(self, resume: dict[str, Any] | None) -> None:
         start_state = self.config["start_state"]
-        if start_state is not None:
-            self.new_fetcher()
-            _checkpoint.resume_ended_replica(self.fetcher, start_state)
-        if resume is None:
-            self.new_fetcher()
-        else:
+        if start_state is not None:  # then ``resume`` is a fresh replica's
+            _checkpoint.resume_ended_replica(self.new_fetcher, start_state)
+        elif resume is not None:
             self.resume(resume)
+        else:
+            self.new_fetcher()
         self.started(0)
         while True:
             try:

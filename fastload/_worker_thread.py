@@ -17,7 +17,7 @@ import numpy as np
 
 from fastload import _checkpoint, _datapipes, _memory
 from fastload._fast_path import BatchWriter, Write
-from fastload._fetch import DatasetKind, create_fetcher, describe_failure
+from fastload._fetch import DatasetFetcher, DatasetKind, create_fetcher, describe_failure
 from fastload._loader_state import WorkerState
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, STARTED
 from fastload._sample_rng import context as sample_context
@@ -200,9 +200,9 @@ class WorkerThread:
                 config.worker_init_fn(worker_id)
             where = "in its task loop"
             if self.start_state is not None:
-                self.new_fetcher()
-                _checkpoint.resume_ended_replica(self.fetcher, self.start_state)
-            self.new_fetcher(resume)
+                _checkpoint.resume_ended_replica(self.new_fetcher, self.start_state)
+            else:
+                self.new_fetcher(resume)
             self.started(0)
             self.serve()
         except Exception as exc:
@@ -216,7 +216,7 @@ class WorkerThread:
         self.results.put((STARTED, INIT_TASK, self.worker_id, serial,
                           _checkpoint.replica_start(self.fetcher)))
 
-    def new_fetcher(self, resume: WorkerState | None = None) -> None:
+    def new_fetcher(self, resume: WorkerState | None = None) -> DatasetFetcher:
         """A fresh fetcher; with ``resume``, an iterable dataset put where a
         checkpoint left this worker (as a worker process does)."""
         config = self.config
@@ -229,6 +229,7 @@ class WorkerThread:
         if resume is not None:
             _checkpoint.resume_replica(self.fetcher, resume, config.batch_size)
             self.ended, self.batches_done = resume.ended, resume.yielded
+        return self.fetcher
 
     def serve(self) -> None:
         stop = self.config.stop

@@ -331,10 +331,11 @@ class DataLoader(Generic[T_co]):
 
     def _get_iterator(self, resume: LoaderState | None = None,
                       base_seed: int | None = None,
-                      start_states: list[Any] | None = None) -> BaseIter:
+                      start_states: list[Any] | None = None,
+                      stream_ended: bool = False) -> BaseIter:
         iterator: BaseIter
         if self.num_workers == 0:
-            iterator = SingleProcessIter(self, resume)
+            iterator = SingleProcessIter(self, resume, stream_ended)
         elif self.worker_method == "thread":
             iterator = ThreadIter(self, resume, base_seed, start_states)
         else:
@@ -355,21 +356,21 @@ class DataLoader(Generic[T_co]):
     def __iter__(self) -> BaseIter:
         warn_if_not_sharded(self._index_sampler, self._dataset_kind is DatasetKind.MAP)
         pending, self._resume_state = self._resume_state, None
-        resume, kept_base_seed, start_states = None, None, None
+        resume, kept_base_seed, start_states, stream_ended = None, None, None, False
         if pending is not None:
             try:
                 start = _checkpoint.start(self, pending, self._resume_restored)
             except StateMismatchError:
                 self._resume_state = pending  # every iter() refuses it until another load
                 raise
-            resume, kept_base_seed, start_states = (start.state, start.base_seed,
-                                                    start.replica_states)
+            resume, kept_base_seed, start_states, stream_ended = (
+                start.state, start.base_seed, start.replica_states, start.stream_ended)
             if self._iterator is not None:
                 # Persistent workers hold the old position; start afresh.
                 self._iterator._shutdown()
                 self._iterator = None
         try:
-            iterator = self._next_iterator(resume, kept_base_seed, start_states)
+            iterator = self._next_iterator(resume, kept_base_seed, start_states, stream_ended)
         except BaseException:
             # The resume did not happen (a dataset that cannot load its
             # state, say): every iter() tries it again, as torchdata's does,
@@ -390,7 +391,7 @@ class DataLoader(Generic[T_co]):
         return builtins.enumerate(iterator, start + iterator._progress.delivered)
 
     def _next_iterator(self, resume: LoaderState | None, kept_base_seed: int | None,
-                       start_states: list[Any] | None) -> BaseIter:
+                       start_states: list[Any] | None, stream_ended: bool) -> BaseIter:
         iterator: BaseIter
         # Persistent workers live in the first iterator, which every later
         # epoch resets instead of starting new processes.
@@ -407,7 +408,7 @@ class DataLoader(Generic[T_co]):
                 self._iterator._reset(self)
                 iterator = self._iterator
         else:
-            iterator = self._get_iterator(resume)
+            iterator = self._get_iterator(resume, stream_ended=stream_ended)
         return iterator
 
     def state_dict(self) -> dict[str, Any]:
