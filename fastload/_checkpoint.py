@@ -18,8 +18,9 @@ received, never what workers prefetched. It is made of:
   Samplers without state are fast-forwarded by counting whole batches from
   the start of the epoch, as torchdata does. Any other sampler with a state
   is taken at torchdata's word: restored, its next iteration continues the
-  saved epoch, which a resume past the epoch's last batch runs out
-  (``_continues_an_epoch``); torch's BatchSampler over one is fastload's
+  saved epoch, which a resume past the epoch's last batch runs out, unless
+  it turns out to start a new one (``_continues_an_epoch``,
+  ``_run_out_or_restore``); torch's BatchSampler over one is fastload's
   BatchSampler (fastload._torch_draws.resumable). For fastload's random samplers
   a snapshot records a ``LazyState`` (fastload._epoch_pieces), the state's values
   without its dicts, made into the state_dict() only when a state is taken;
@@ -302,24 +303,30 @@ def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any, map_style
          for position in range(start_at, stop)), NO_SNAPSHOT)
     progress.sampler, progress.sampler_step = state.sampler, state.sampler_step
     skip = progress.yielded
+    continues: bool | None = False
     if progress.sampler is not None:
         index_sampler.load_state_dict(progress.sampler)
         skip -= progress.sampler_step
-    # Asked before iter(), which may take the restored position up at once.
-    continues = progress.sampler is not None and _continues_an_epoch(index_sampler)
+        # Asked before iter(), which may take the restored position up at once.
+        continues = _continues_an_epoch(index_sampler)
     sampler_iter: Iterator[Any] = index_batches(index_sampler, index_arrays)
     if map_style:
+        if continues is None and progress.sampler_step == 0:
+            # A state recorded before the epoch's first draw may be the
+            # previous epoch's end.
+            sampler_iter = _remainder_or_fresh(sampler_iter, index_sampler, index_arrays)
         # Every batch was delivered, only the StopIteration was not: a
         # sampler still inside that epoch (restored from a snapshot before
         # its end, or at its end) runs out of its empty remainder now, so
         # that its next iteration is a new epoch.
         ended = progress.yielded >= _length_or_none(index_sampler)
-        runs_out = ended and progress.sampler is not None and (skip > 0 or continues)
         skipped = [next(sampler_iter, None) for _ in range(skip)]
         if ended:
-            if runs_out:
+            if skip > 0 or continues:
                 for _ in sampler_iter:
                     pass
+            elif continues is None:
+                _run_out_or_restore(sampler_iter, index_sampler, progress.sampler)
             sampler_iter = iter(())
         if state.dataset is not None:
             dataset.load_state_dict(state.dataset)
@@ -469,15 +476,46 @@ def _length_or_none(sampler: Any) -> float:
         return float("inf")
 
 
-def _continues_an_epoch(sampler: Any) -> bool:
+def _continues_an_epoch(sampler: Any) -> bool | None:
     """Whether a sampler restored from a state continues that state's epoch
     at its next iteration rather than starting a new one: fastload's
     samplers and the wrapper of torch's random ones (under a BatchSampler
-    too) keep that pending in ``_resume``. Any other sampler with a state
-    is taken at torchdata's word: restored, its next iteration continues
-    the saved epoch (and, run out, moves on whatever it counts epochs by)."""
+    too) keep that pending in ``_resume``. None for any other sampler with
+    a state: its next iteration may continue the saved epoch (torchdata's
+    word) or, where its state was taken once that epoch had run out (a
+    short last batch drew past the end), start a new one."""
     while not hasattr(sampler, "_resume") and hasattr(sampler, "sampler"):
         sampler = sampler.sampler
     if not hasattr(sampler, "_resume"):
-        return True
+        return None
     return sampler._resume is not None
+
+
+def _remainder_or_fresh(restored: Iterator[Any], sampler: Any,
+                        index_arrays: bool) -> Iterator[Any]:
+    """The batches of a sampler of unknown kind restored from a state
+    recorded before its epoch's first draw: ``restored``, unless it runs out
+    before its first batch, having continued the previous epoch's end; the
+    epoch is then a fresh iteration (NOTE [ A stream restored at its end ]
+    in fastload._fetch, the same for an index sampler)."""
+    first = next(restored, _NO_BATCH)
+    if first is _NO_BATCH:
+        yield from index_batches(sampler, index_arrays)
+        return
+    yield first
+    yield from restored
+
+
+def _run_out_or_restore(restored: Iterator[Any], sampler: Any, state: Any) -> None:
+    """A sampler of unknown kind restored from a state recorded at the last
+    batch of its epoch, before its StopIteration: run out of what is left
+    of that epoch, as the saved run's next draw did, so that its next
+    iteration is a new epoch. A sampler whose iteration yields, its state
+    having been taken once the epoch ran out (a short last batch drew past
+    its end) and so describing the new epoch already, is put back in that
+    state for it (NOTE [ A stream restored at its end ] in fastload._fetch)."""
+    if next(restored, _NO_BATCH) is not _NO_BATCH:
+        sampler.load_state_dict(state)
+
+
+_NO_BATCH = object()

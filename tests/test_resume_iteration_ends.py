@@ -1,7 +1,9 @@
-"""An iterable dataset's state taken before a stream yielded anything (at
-an epoch's start, or after its stream ran out) resumes as the saved run
-went on, whether the dataset's state then still describes the ended stream
-or already the next one (NOTE [ A stream restored at its end ])."""
+"""A state taken where an iteration ended, or before the next one yielded,
+resumes as the saved run went on, whether what it holds then still
+describes the ended iteration or already the next one: an iterable
+dataset's stream, and a custom index sampler's epoch (NOTE [ A stream
+restored at its end ])."""
+import numpy as np
 import pytest
 
 import fastload as fl
@@ -104,3 +106,78 @@ def test_a_state_before_a_streams_first_sample_resumes_as_the_saved_run_went_on(
         resumed.load_state_dict(state)
         assert delivered + _epoch(resumed) == epochs[1], f"state after {taken} batches"
         assert _epoch(resumed) == epochs[2], f"state after {taken} batches"
+
+
+class ResetAtEndSampler:
+    """Its position and epoch; an epoch that runs out resets the position
+    and counts the next epoch, so a state taken after a short last batch
+    (which drew past the end) already describes the next epoch."""
+
+    def __init__(self, rows):
+        self.rows, self.position, self.epoch = rows, 0, 0
+
+    def __iter__(self):
+        order = np.random.default_rng(self.epoch).permutation(self.rows)
+        while self.position < self.rows:
+            self.position += 1
+            yield int(order[self.position - 1])
+        self.position, self.epoch = 0, self.epoch + 1
+
+    def __len__(self):
+        return self.rows
+
+    def state_dict(self):
+        return {"position": self.position, "epoch": self.epoch}
+
+    def load_state_dict(self, state):
+        self.position, self.epoch = state["position"], state["epoch"]
+
+
+class ResetAtStartSampler(ResetAtEndSampler):
+    """An epoch that ran out is only left at the next ``__iter__``."""
+
+    def __iter__(self):
+        if self.position >= self.rows:
+            self.position, self.epoch = 0, self.epoch + 1
+        yield from super().__iter__()
+
+
+SAMPLER_CONFIGS = {key: CONFIGS[key] for key in ("main", "threads", "persistent-processes")}
+
+
+@pytest.mark.parametrize("every", [1, 3])
+@pytest.mark.parametrize("config", SAMPLER_CONFIGS)
+@pytest.mark.parametrize("rows,drop_last", [(10, False), (12, False), (10, True)])
+@pytest.mark.parametrize("sampler", [ResetAtEndSampler, ResetAtStartSampler])
+def test_a_custom_samplers_state_at_any_step_resumes_as_the_saved_run_went_on(
+        sampler, rows, drop_last, config, every):
+    def loader():
+        return fl.DataLoader(np.arange(rows), sampler=sampler(rows), batch_size=4,
+                             drop_last=drop_last, snapshot_every_n_steps=every,
+                             **SAMPLER_CONFIGS[config])
+
+    uninterrupted = loader()
+    epochs = [_epoch(uninterrupted) for _ in range(4)]
+    assert epochs[0] != epochs[1]
+    # States after each batch of the first two epochs, and after each of
+    # them ran out: the rest of that epoch, then the next, come as they did.
+    for epoch in range(2):
+        for taken in [*range(len(epochs[epoch]) + 1), None]:
+            saved = loader()
+            for _ in range(epoch):
+                _epoch(saved)
+            delivered = []
+            if taken is None:
+                delivered = _epoch(saved)
+            else:
+                iterator = iter(saved)
+                delivered = [next(iterator).tolist() for _ in range(taken)]
+            state = saved.state_dict()
+            resumed = loader()
+            resumed.load_state_dict(state)
+            where = f"state after {taken} batches of epoch {epoch}"
+            if taken is None:
+                assert _epoch(resumed) == epochs[epoch + 1], where
+            else:
+                assert delivered + _epoch(resumed) == epochs[epoch], where
+                assert _epoch(resumed) == epochs[epoch + 1], where
