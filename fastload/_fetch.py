@@ -230,6 +230,12 @@ class _EndedOrNot:
     stream ends) yields from the restored stream, which is kept. Only a
     state the dataset holds can be stale so: an iterator's own state is
     always that of its own stream, which the next epoch replaces.
+
+    The same goes for an index sampler of a kind fastload does not know,
+    whose state is restored with a map-style epoch (fastload._checkpoint:
+    ``_remainder_or_fresh``, ``_run_out_or_restore``). A restored
+    iteration that runs out at once costs one more ``iter()``, nothing
+    else, when the dataset or sampler is simply empty.
     """
 
     __slots__ = ("fetcher", "restored")
