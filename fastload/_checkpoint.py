@@ -243,19 +243,16 @@ def _restore_between_epochs(loader: Any, state: LoaderState) -> None:
 class ResumeStart:
     """What ``DataLoader.__iter__`` needs of a pending state: the state the
     new iterator continues (None when the saved epoch ran out: a new epoch
-    starts), for persistent workers the base seed their saved run kept and
-    where their replicas were, and whether the iterable dataset in this
-    process was restored where its stream ran out (``stream_ended``: NOTE
-    [ A stream restored at its end ] in fastload._fetch)."""
+    starts), and for persistent workers the base seed their saved run kept
+    and where their replicas were."""
 
-    __slots__ = ("state", "base_seed", "replica_states", "stream_ended")
+    __slots__ = ("state", "base_seed", "replica_states")
 
     def __init__(self, state: LoaderState | None, base_seed: int | None = None,
-                 replica_states: list[Any] | None = None, stream_ended: bool = False) -> None:
+                 replica_states: list[Any] | None = None) -> None:
         self.state = state
         self.base_seed = base_seed
         self.replica_states = replica_states
-        self.stream_ended = stream_ended
 
 
 def start(loader: Any, state: LoaderState, restored: bool) -> ResumeStart:
@@ -268,11 +265,15 @@ def start(loader: Any, state: LoaderState, restored: bool) -> ResumeStart:
         _restore_between_epochs(loader, state)
     loader._rng = _seed.restored_generator(loader._rng, state.generator)
     loader._epoch = state.epoch + 1 if state.finished else state.epoch
+    # What _restore_between_epochs restored (the sampler of a map-style
+    # epoch, an iterable dataset) is where an iteration ended: the next
+    # epoch's first iteration may be that ended one (``after_restored_end``).
+    restored = state.sampler if loader._dataset_kind is DatasetKind.MAP else state.dataset
+    loader._restored_at_an_end = state.finished and restored is not None
     if not state.finished:
         return ResumeStart(state)
     if not loader.persistent_workers:
-        return ResumeStart(None, stream_ended=(loader._dataset_kind is DatasetKind.ITERABLE
-                                               and state.dataset is not None))
+        return ResumeStart(None)
     # The saved run's next epoch reused its iterator and so its base seed
     # (None if it had no iterator yet), drawing none from the generator: so
     # must this one. And its workers' replicas were where they ended.
@@ -466,6 +467,16 @@ def after_restored_end(fetcher: DatasetFetcher) -> None:
     stream restored at its end ] in fastload._fetch)."""
     if isinstance(fetcher, IterableDatasetFetcher) and fetcher.dataset_keeps_state:
         fetcher.read_past_an_ended_stream()
+
+
+def draws_after_restored_end(sampler_iter: Iterator[Any], index_sampler: Any,
+                             index_arrays: bool) -> Iterator[Any]:
+    """The first epoch's draws after the index sampler was restored where an
+    epoch ran out: a sampler of unknown kind's first iteration may be that
+    ended one (NOTE [ A stream restored at its end ] in fastload._fetch)."""
+    if _continues_an_epoch(index_sampler) is None:
+        return _remainder_or_fresh(sampler_iter, index_sampler, index_arrays)
+    return sampler_iter
 
 
 def _length_or_none(sampler: Any) -> float:

@@ -136,6 +136,9 @@ class BaseIter:
         # next call's (_deliver_ready).
         self._awaiting_pin: tuple[Any, PinnedLater] | None = None
         seeds_pipe = _datapipes.is_iter_datapipe(self._dataset)
+        # A state restored between epochs that is where an iteration ended
+        # (_checkpoint.start): this epoch's first iteration may be that one.
+        self._after_restored_end, loader._restored_at_an_end = loader._restored_at_an_end, False
         if resume is None:
             # Same order as torch: an IterDataPipe's shared seed, the (lazy)
             # sampler iterator, then the base seed, and with workers one more
@@ -157,6 +160,9 @@ class BaseIter:
                 self._sampler_iter = index_batches(self._index_sampler, self._index_arrays)
                 if seeds_pipe:
                     pipe_seed = _seed.draw_seed(loader._rng)
+            if self._after_restored_end and self._map_style:
+                self._sampler_iter = _checkpoint.draws_after_restored_end(
+                    self._sampler_iter, self._index_sampler, self._index_arrays)
             self._progress = Progress(loader._epoch, base_seed, self._map_style)
             self._progress.sampler = sampler_state(self._index_sampler)
             self._progress.datapipe_seed = pipe_seed
@@ -338,10 +344,7 @@ def timed_out(timeout: float) -> RuntimeError:
 class SingleProcessIter(BaseIter):
     """Fetches and collates each batch in the calling thread."""
 
-    def __init__(self, loader: Any, resume: LoaderState | None,
-                 stream_ended: bool = False) -> None:
-        """``stream_ended``: the iterable dataset was restored where its
-        stream ran out (``_checkpoint.ResumeStart``)."""
+    def __init__(self, loader: Any, resume: LoaderState | None) -> None:
         super().__init__(loader, resume, index_arrays=reads_index_arrays(loader))
         if self._timeout != 0:
             raise InvalidArgumentError(
@@ -358,7 +361,7 @@ class SingleProcessIter(BaseIter):
             self._collate_fn,
             self._drop_last,
         )
-        if stream_ended:
+        if self._after_restored_end:
             _checkpoint.after_restored_end(self._fetcher)
         progress = self._progress
         if resume is None:

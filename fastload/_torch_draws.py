@@ -9,6 +9,9 @@ Those samplers keep no state: each epoch's order is drawn from a generator
 Counting batches on resume would replay another order, silently, so
 ``ResumableDraw`` records what the order came from (NOTE [ Resume contract ]
 in fastload._checkpoint).
+
+Any other sampler without a state of its own may keep it in its iterator,
+as torchdata's samplers do: ``IterationState`` gives it that state.
 """
 from __future__ import annotations
 
@@ -16,8 +19,9 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
+from fastload._fetch import is_stateful
 from fastload._torch import generator_state, set_generator_state, torch_data_classes
-from fastload.sampler import BatchSampler
+from fastload.sampler import BatchSampler, SequentialSampler, _InfiniteConstantSampler
 
 # torch's random samplers, by name (their classes exist once torch is loaded).
 TORCH_RANDOM_SAMPLERS = ("RandomSampler", "SubsetRandomSampler", "WeightedRandomSampler")
@@ -130,6 +134,57 @@ class ResumableDraw:
         self._resume = (state["generator"], int(state["drawn"]))
 
 
+class IterationState:
+    """``sampler`` with the state its current iterator keeps: torchdata's
+    protocol, in which ``iter(sampler)`` returns an iterator with
+    ``state_dict`` and ``load_state_dict`` (torchdata's RandomSampler and
+    BatchSampler), the sampler itself keeping none. ``state_dict()`` is the
+    latest iterator's, or None when it keeps none (or before any): the
+    DataLoader then counts batches, as for any sampler without a state. A
+    loaded state goes into the next iterator, which continues that
+    iteration, as torchdata's loader restores one. Whether that iteration
+    had ended is not known here: the DataLoader tries (NOTE [ A stream
+    restored at its end ] in fastload._fetch)."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+        self._stateful_iterator: Any = None  # the latest iterator, if it keeps a state
+        self._pending: Any = None  # a loaded state, for the next iterator
+
+    def __iter__(self) -> Iterator[Any]:
+        iterator = iter(self.sampler)
+        stateful = is_stateful(iterator)
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            if not stateful:
+                raise ValueError(
+                    f"cannot resume {type(self.sampler).__name__}: the state holds its "
+                    f"iterator's, but its iterator ({type(iterator).__name__}) has no "
+                    "load_state_dict()")
+            iterator.load_state_dict(pending)
+        self._stateful_iterator = iterator if stateful else None
+        return iterator  # type: ignore[no-any-return]
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def state_dict(self) -> dict[str, Any] | None:
+        iterator = self._stateful_iterator
+        return None if iterator is None else {"iterator": iterator.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._pending = state["iterator"]
+
+
+def _may_keep_state_in_iterator(sampler: Any) -> bool:
+    """Whether ``sampler`` is of no kind known to keep no state, and keeps
+    none itself: its iterator may (``IterationState``)."""
+    known = (SequentialSampler, _InfiniteConstantSampler,
+             *torch_data_classes(None, "SequentialSampler", "DistributedSampler",
+                                 *TORCH_RANDOM_SAMPLERS))
+    return not isinstance(sampler, known) and not is_stateful(sampler)
+
+
 def is_torch_random_sampler(sampler: Any) -> bool:
     """Whether ``sampler`` is exactly one of torch's random samplers (a
     subclass may draw its order its own way)."""
@@ -150,6 +205,11 @@ def resumable(draws: Any, loader_generator: Any) -> Any:
     if is_torch_random_sampler(inner):
         own = inner.generator is not None and inner.generator is not loader_generator
         return ResumableDraw(draws, inner, saves_generator=own)
+    if _may_keep_state_in_iterator(inner):
+        inner = IterationState(inner)
+        if not batching:
+            return inner
+        draws = BatchSampler(inner, draws.batch_size, draws.drop_last)
     if (type(draws) in torch_data_classes(None, "BatchSampler")
             and callable(getattr(inner, "state_dict", None))
             and callable(getattr(inner, "load_state_dict", None))):

@@ -41,7 +41,13 @@ from fastload.collate import default_collate, default_convert, engine_collation
 from fastload.dataset import Dataset, _is_iterable_dataset
 from fastload.distributed import warn_if_not_sharded
 from fastload.errors import InvalidArgumentError, StateMismatchError
-from fastload.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from fastload.sampler import (
+    BatchSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    _InfiniteConstantSampler,
+)
 
 __all__ = ["DataLoader", "StatefulDataLoader"]
 
@@ -52,15 +58,6 @@ _WORKER_METHODS = ("multiprocessing", "thread")
 # Settings that decide which indices are fetched; changing them under a live
 # iterator would silently break it, so they are fixed after construction.
 _FROZEN = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
-
-
-class _InfiniteConstantSampler(Sampler[None]):
-    """The sampler of an iterable dataset: the dataset decides what comes
-    next, so the sampler only says "one more", forever."""
-
-    def __iter__(self) -> Iterator[None]:
-        while True:
-            yield None
 
 
 class DataLoader(Generic[T_co]):
@@ -269,6 +266,7 @@ class DataLoader(Generic[T_co]):
         self._progress: Progress | None = None
         self._resume_state: LoaderState | None = None
         self._resume_restored = True  # see _checkpoint.load
+        self._restored_at_an_end = False  # see _checkpoint.start
         self.__initialized = True
         self.check_worker_number_rationality()
 
@@ -331,11 +329,10 @@ class DataLoader(Generic[T_co]):
 
     def _get_iterator(self, resume: LoaderState | None = None,
                       base_seed: int | None = None,
-                      start_states: list[Any] | None = None,
-                      stream_ended: bool = False) -> BaseIter:
+                      start_states: list[Any] | None = None) -> BaseIter:
         iterator: BaseIter
         if self.num_workers == 0:
-            iterator = SingleProcessIter(self, resume, stream_ended)
+            iterator = SingleProcessIter(self, resume)
         elif self.worker_method == "thread":
             iterator = ThreadIter(self, resume, base_seed, start_states)
         else:
@@ -356,21 +353,21 @@ class DataLoader(Generic[T_co]):
     def __iter__(self) -> BaseIter:
         warn_if_not_sharded(self._index_sampler, self._dataset_kind is DatasetKind.MAP)
         pending, self._resume_state = self._resume_state, None
-        resume, kept_base_seed, start_states, stream_ended = None, None, None, False
+        resume, kept_base_seed, start_states = None, None, None
         if pending is not None:
             try:
                 start = _checkpoint.start(self, pending, self._resume_restored)
             except StateMismatchError:
                 self._resume_state = pending  # every iter() refuses it until another load
                 raise
-            resume, kept_base_seed, start_states, stream_ended = (
-                start.state, start.base_seed, start.replica_states, start.stream_ended)
+            resume, kept_base_seed, start_states = (start.state, start.base_seed,
+                                                    start.replica_states)
             if self._iterator is not None:
                 # Persistent workers hold the old position; start afresh.
                 self._iterator._shutdown()
                 self._iterator = None
         try:
-            iterator = self._next_iterator(resume, kept_base_seed, start_states, stream_ended)
+            iterator = self._next_iterator(resume, kept_base_seed, start_states)
         except BaseException:
             # The resume did not happen (a dataset that cannot load its
             # state, say): every iter() tries it again, as torchdata's does,
@@ -391,7 +388,7 @@ class DataLoader(Generic[T_co]):
         return builtins.enumerate(iterator, start + iterator._progress.delivered)
 
     def _next_iterator(self, resume: LoaderState | None, kept_base_seed: int | None,
-                       start_states: list[Any] | None, stream_ended: bool) -> BaseIter:
+                       start_states: list[Any] | None) -> BaseIter:
         iterator: BaseIter
         # Persistent workers live in the first iterator, which every later
         # epoch resets instead of starting new processes.
@@ -408,7 +405,7 @@ class DataLoader(Generic[T_co]):
                 self._iterator._reset(self)
                 iterator = self._iterator
         else:
-            iterator = self._get_iterator(resume, stream_ended=stream_ended)
+            iterator = self._get_iterator(resume)
         return iterator
 
     def state_dict(self) -> dict[str, Any]:

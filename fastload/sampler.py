@@ -71,6 +71,15 @@ class SequentialSampler(Sampler[int]):
         return len(self.data_source)
 
 
+class _InfiniteConstantSampler(Sampler[None]):
+    """The sampler of an iterable dataset: the dataset decides what comes
+    next, so the sampler only says "one more", forever."""
+
+    def __iter__(self) -> Iterator[None]:
+        while True:
+            yield None
+
+
 def lazy_state_getter(sampler: Any) -> Callable[[], LazyState] | None:
     """For fastload's random samplers (and its BatchSampler over one) whose
     state_dict is theirs: what gives the sampler's state as a LazyState;
@@ -495,7 +504,8 @@ class BatchSampler(Sampler[list[int]]):
         the position of its last index), or None when it keeps none; a
         DataLoader then resumes by counting batches."""
         inner = getattr(self.sampler, "state_dict", None)
-        return None if inner is None else batch_state(inner())
+        state = None if inner is None else inner()
+        return None if state is None else batch_state(state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])  # type: ignore[union-attr]

@@ -78,8 +78,12 @@ CONFIGS = {
 TAKEN = [None, 0, 1, 2, 5]
 
 
+def _listed(batch):
+    return batch.tolist() if hasattr(batch, "tolist") else batch
+
+
 def _epoch(loader):
-    return [batch.tolist() for batch in loader]
+    return [_listed(batch) for batch in loader]
 
 
 @pytest.mark.parametrize("every", [1, 3])
@@ -145,22 +149,14 @@ class ResetAtStartSampler(ResetAtEndSampler):
 SAMPLER_CONFIGS = {key: CONFIGS[key] for key in ("main", "threads", "persistent-processes")}
 
 
-@pytest.mark.parametrize("every", [1, 3])
-@pytest.mark.parametrize("config", SAMPLER_CONFIGS)
-@pytest.mark.parametrize("rows,drop_last", [(10, False), (12, False), (10, True)])
-@pytest.mark.parametrize("sampler", [ResetAtEndSampler, ResetAtStartSampler])
-def test_a_custom_samplers_state_at_any_step_resumes_as_the_saved_run_went_on(
-        sampler, rows, drop_last, config, every):
-    def loader():
-        return fl.DataLoader(np.arange(rows), sampler=sampler(rows), batch_size=4,
-                             drop_last=drop_last, snapshot_every_n_steps=every,
-                             **SAMPLER_CONFIGS[config])
-
+def _assert_every_state_resumes(loader, reshuffles=True):
+    """States after each batch of the first two epochs of ``loader()``'s
+    run, and after each of them ran out: resumed in a new loader, the rest
+    of that epoch, then the next, come as they did. ``reshuffles``: each
+    epoch comes in another order."""
     uninterrupted = loader()
     epochs = [_epoch(uninterrupted) for _ in range(4)]
-    assert epochs[0] != epochs[1]
-    # States after each batch of the first two epochs, and after each of
-    # them ran out: the rest of that epoch, then the next, come as they did.
+    assert (epochs[0] != epochs[1]) == reshuffles
     for epoch in range(2):
         for taken in [*range(len(epochs[epoch]) + 1), None]:
             saved = loader()
@@ -171,7 +167,7 @@ def test_a_custom_samplers_state_at_any_step_resumes_as_the_saved_run_went_on(
                 delivered = _epoch(saved)
             else:
                 iterator = iter(saved)
-                delivered = [next(iterator).tolist() for _ in range(taken)]
+                delivered = [_listed(next(iterator)) for _ in range(taken)]
             state = saved.state_dict()
             resumed = loader()
             resumed.load_state_dict(state)
@@ -181,3 +177,93 @@ def test_a_custom_samplers_state_at_any_step_resumes_as_the_saved_run_went_on(
             else:
                 assert delivered + _epoch(resumed) == epochs[epoch], where
                 assert _epoch(resumed) == epochs[epoch + 1], where
+
+
+@pytest.mark.parametrize("every", [1, 3])
+@pytest.mark.parametrize("config", SAMPLER_CONFIGS)
+@pytest.mark.parametrize("rows,drop_last", [(10, False), (12, False), (10, True)])
+@pytest.mark.parametrize("sampler", [ResetAtEndSampler, ResetAtStartSampler])
+def test_a_custom_samplers_state_at_any_step_resumes_as_the_saved_run_went_on(
+        sampler, rows, drop_last, config, every):
+    _assert_every_state_resumes(lambda: fl.DataLoader(
+        np.arange(rows), sampler=sampler(rows), batch_size=4, drop_last=drop_last,
+        snapshot_every_n_steps=every, **SAMPLER_CONFIGS[config]))
+
+
+class _KeptOrder:
+    """The iterator of IteratorKeptSampler: its state is the generator's as
+    its order was drawn, and how many indices it gave."""
+
+    def __init__(self, sampler):
+        self.sampler, self.given = sampler, 0
+        self.start = sampler.rng.bit_generator.state
+        self.order = sampler.rng.permutation(sampler.rows).tolist()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.given == len(self.order):
+            raise StopIteration
+        self.given += 1
+        return self.order[self.given - 1]
+
+    def state_dict(self):
+        return {"start": self.start, "given": self.given}
+
+    def load_state_dict(self, state):
+        self.sampler.rng.bit_generator.state = state["start"]
+        self.order = self.sampler.rng.permutation(self.sampler.rows).tolist()
+        self.start, self.given = state["start"], state["given"]
+
+
+class IteratorKeptSampler:
+    """torchdata's protocol: the sampler keeps no state, its iterator does."""
+
+    def __init__(self, rows):
+        self.rows, self.rng = rows, np.random.default_rng(5)
+
+    def __iter__(self):
+        return _KeptOrder(self)
+
+    def __len__(self):
+        return self.rows
+
+
+@pytest.mark.parametrize("config", SAMPLER_CONFIGS)
+@pytest.mark.parametrize("batch_size", [4, None])
+@pytest.mark.parametrize("every", [1, 3])
+def test_a_samplers_state_kept_by_its_iterator_is_resumed(every, batch_size, config):
+    _assert_every_state_resumes(lambda: fl.DataLoader(
+        np.arange(10), sampler=IteratorKeptSampler(10), batch_size=batch_size,
+        snapshot_every_n_steps=every, **SAMPLER_CONFIGS[config]))
+
+
+def _torchdata_loaders(rows):
+    torch = pytest.importorskip("torch")
+    samplers = pytest.importorskip("torchdata.stateful_dataloader.sampler")
+
+    def generator():
+        return torch.Generator().manual_seed(7)
+
+    data = np.arange(rows)
+    return {
+        "RandomSampler": lambda **kw: fl.DataLoader(
+            data, sampler=samplers.RandomSampler(data, generator=generator()), batch_size=4,
+            **kw),
+        "BatchSampler": lambda **kw: fl.DataLoader(
+            data, batch_sampler=samplers.BatchSampler(
+                samplers.RandomSampler(data, generator=generator()), 4, False), **kw),
+        "StatefulDistributedSampler": lambda **kw: fl.DataLoader(
+            data, sampler=samplers.StatefulDistributedSampler(data, num_replicas=1, rank=0),
+            batch_size=4, **kw),
+    }
+
+
+@pytest.mark.parametrize("kind", ["RandomSampler", "BatchSampler", "StatefulDistributedSampler"])
+@pytest.mark.parametrize("every", [1, 3])
+def test_torchdatas_stateful_samplers_resume_as_the_saved_run_went_on(kind, every):
+    make = _torchdata_loaders(10)[kind]
+    # StatefulDistributedSampler's order changes with set_epoch() only.
+    _assert_every_state_resumes(lambda: make(snapshot_every_n_steps=every),
+                                reshuffles=kind != "StatefulDistributedSampler")
