@@ -59,8 +59,10 @@ received, never what workers prefetched. It is made of:
   batch is where it stands at any step, whatever snapshot_every_n_steps)
   and restored into the same worker id, which is why such a state only fits
   the same number of worker processes. Worker threads share the main process's
-  dataset: its state right after the fetch of the last delivered snapshot
-  batch is the main process's. A state taken before any worker loaded
+  dataset, whose fetches take turns in the sampler's order
+  (fastload._worker_thread.FetchTurns): its state right after the fetch of
+  the last delivered snapshot batch is the main process's, as it would be
+  with ``num_workers=0``. A state taken before any worker loaded
   holds the main process's dataset, which every replica then starts from;
 * with ``in_order=False`` (map-style), batches are delivered out of order:
   the delivered count is the contiguous prefix of the epoch, and the

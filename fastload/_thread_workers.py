@@ -17,7 +17,14 @@ lookahead's reads.
 
 * **The dataset.** A map-style dataset is shared by every thread, as in
   torch's thread workers: ``dataset[i]`` may run in several threads at
-  once. An iterable dataset is copied once per thread (``copy.deepcopy``),
+  once, unless it keeps a state (``state_dict`` and ``load_state_dict``):
+  its fetches then take turns in the order the tasks were sent
+  (``FetchTurns``), so what they do to that state (a draw from a
+  generator it holds, say) happens in the sampler's order, as with
+  ``num_workers=0``, and the state read right after a batch's fetch is
+  the state at that batch, which a checkpoint records. Only the fetches
+  wait for each other; the batches are still written in parallel. An
+  iterable dataset is copied once per thread (``copy.deepcopy``),
   because each worker iterates its own replica, with its own position and
   state, exactly as each worker process does: a dataset that shards itself
   with ``get_worker_info()`` or in ``worker_init_fn`` (torch's documented
@@ -159,6 +166,7 @@ class ThreadIter(WorkerIter, DrawsTasks):
         # writes a batch.
         self._write_here = functools.partial(batch_in_slot, general=not_gathered, slots=slots)
         self._slots = slots
+        self._fetch_turns = config.fetch_turns
         self._workers = [
             WorkerThread(i, config, slots, self._results, progress.epoch,
                          progress.datapipe_seed, resumed[i],
@@ -290,7 +298,9 @@ class ThreadIter(WorkerIter, DrawsTasks):
         if self._index_arrays:
             index = task.index = listed(index)  # a worker's fetch sees it
         task_id = self._table.add(task)
-        self._workers[worker_id].tasks.put((TASK, task_id, index, epoch))
+        turns = self._fetch_turns
+        self._workers[worker_id].tasks.put(
+            (TASK, task_id, index, epoch, None if turns is None else turns.ticket()))
         return task_id
 
     def _start_lookahead(self) -> None:

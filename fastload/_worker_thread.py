@@ -17,7 +17,13 @@ import numpy as np
 
 from fastload import _checkpoint, _datapipes, _memory
 from fastload._fast_path import BatchWriter, Write
-from fastload._fetch import DatasetFetcher, DatasetKind, create_fetcher, describe_failure
+from fastload._fetch import (
+    DatasetFetcher,
+    DatasetKind,
+    create_fetcher,
+    describe_failure,
+    is_stateful,
+)
 from fastload._loader_state import WorkerState
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, STARTED
 from fastload._sample_rng import context as sample_context
@@ -33,8 +39,8 @@ JOIN_SECONDS = 1.0
 # A first guess at the batch size; a batch that needs more raises it.
 INITIAL_SLOT_BYTES = 1 << 16
 
-# Messages to a worker thread: (TASK, task id, index, epoch), (RESET, epoch,
-# DataPipe seed, serial), (STOP,).
+# Messages to a worker thread: (TASK, task id, index, epoch, fetch turn or
+# None), (RESET, epoch, DataPipe seed, serial), (STOP,).
 TASK, RESET, STOP = "task", "reset", "stop"
 # A worker thread's note that the global generators moved during its first
 # batch: (GLOBAL_RNG_USED, worker id).
@@ -110,9 +116,49 @@ class WorkerConfig:
         self.snapshot_every: int = loader.snapshot_every_n_steps
         self.base_seed = base_seed
         self.stop = threading.Event()
+        self.fetch_turns = (FetchTurns(self.stop) if self.kind is DatasetKind.MAP
+                            and is_stateful(self.dataset) else None)
         # Found once for every thread's replica (_replica).
         self.shared_tensors = ({} if self.kind is DatasetKind.MAP
                                else _shared_tensors(self.dataset))
+
+
+class FetchTurns:
+    """The fetches of a shared map-style dataset that keeps a state, one at
+    a time in the order their tasks were sent (NOTE [ Thread workers ] in
+    fastload._thread_workers). The main thread hands each task a ticket as
+    it sends it; a worker thread fetches when its ticket is served, reads
+    the dataset's state, and serves the next ticket. Every ticket is
+    served: each thread takes its tasks in the order they were sent, and
+    every task is fetched (an epoch given up included) until the workers
+    stop, which ends every wait."""
+
+    # How often a wait looks at ``stop`` (a served ticket wakes it at once).
+    STOP_CHECK_SECONDS = 0.05
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._stop = stop
+        self._sent = 0  # tickets handed out, by the main thread only
+        self._serving = 0
+        self._served = threading.Condition()
+
+    def ticket(self) -> int:
+        ticket, self._sent = self._sent, self._sent + 1
+        return ticket
+
+    def wait(self, ticket: int) -> bool:
+        """Until ``ticket`` is served (True), or the workers stop (False)."""
+        with self._served:
+            while self._serving != ticket:
+                if self._stop.is_set():
+                    return False
+                self._served.wait(self.STOP_CHECK_SECONDS)
+        return True
+
+    def done(self, ticket: int) -> None:
+        with self._served:
+            self._serving = ticket + 1
+            self._served.notify_all()
 
 
 def _replica(config: WorkerConfig) -> Any:
@@ -244,18 +290,31 @@ class WorkerThread:
                 self.started(message[3])
                 continue
             sample_context.epoch = message[3]
-            self.load(message[1], message[2])
+            self.load(message[1], message[2], message[4])
 
-    def load(self, task_id: int, index: Any) -> None:
+    def load(self, task_id: int, index: Any, turn: int | None) -> None:
+        """Load a task; ``turn``: its ticket of ``FetchTurns``, if fetches
+        take turns."""
         fetcher = self.fetcher
         if self.ended:
             self.results.put((ENDED, task_id, fetcher.state()))
             return
+        turns = self.config.fetch_turns
+        if turn is not None and turns is not None and not turns.wait(turn):
+            return  # stopping
         watched = _global_rng_states() if self.first_batch else None
         self.first_batch = False
         started = time.perf_counter()
         try:
-            fast, general = self.writer.plan(fetcher, index)
+            try:
+                fast, general = self.writer.plan(fetcher, index)
+                # The replica's state right after this fetch, before another
+                # thread's on a shared dataset.
+                has_state, state = _checkpoint.replica_snapshot(
+                    fetcher, self.batches_done + 1, self.config.snapshot_every)
+            finally:
+                if turn is not None and turns is not None:
+                    turns.done(turn)
             fetched = time.perf_counter()
             batch = batch_in_slot(fast, general, self.slots)
         except Exception as exc:
@@ -271,8 +330,6 @@ class WorkerThread:
         if watched is not None and _global_rng_states() != watched:
             self.results.put((GLOBAL_RNG_USED, self.worker_id))
         self.batches_done += 1
-        has_state, state = _checkpoint.replica_snapshot(fetcher, self.batches_done,
-                                                        self.config.snapshot_every)
         self.results.put((DONE, task_id, batch, fetched - started,
                           time.perf_counter() - fetched, has_state, state,
                           getattr(fetcher, "ended", False)))

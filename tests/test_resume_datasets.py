@@ -519,10 +519,10 @@ def test_worker_threads_checkpoint_the_map_style_dataset_they_share():
     next(it), next(it)
     state = loader.state_dict()
     assert state["workers"] is None
-    # The shared dataset right after the fetch of the last delivered batch,
-    # whatever the threads fetched before it (up to the four prefetched).
+    # The shared dataset right after the fetch of the last delivered batch:
+    # its fetches take turns, so the prefetched ones came after it.
     served = state["dataset"]["served"]
-    assert served in (3, 6, 9, 12)
+    assert served == 6
     resumed = make()
     resumed.load_state_dict(state)
     counts = sorted(row[1] for batch in resumed for row in batch.tolist())
