@@ -100,9 +100,16 @@ from fastload._fetch import (
     IterableDatasetFetcher,
     is_stateful,
     skip_batches,
+    snapshot,
 )
 from fastload._loader_state import LoaderState, WorkerState
-from fastload._progress import NO_SNAPSHOT, Progress, recorded_state, sampler_state
+from fastload._progress import (
+    NO_SNAPSHOT,
+    Progress,
+    recorded_state,
+    resume_keeper,
+    sampler_state,
+)
 from fastload.errors import StateMismatchError
 from fastload.sampler import index_batches
 
@@ -189,7 +196,7 @@ def capture(loader: Any) -> dict[str, Any]:
         # The sampler's generator too, seeded now if it was not.
         progress.sampler = sampler_state(loader._index_sampler)
         if is_stateful(loader.dataset):
-            progress.dataset = loader.dataset.state_dict()
+            progress.dataset = snapshot(loader.dataset.state_dict())
     return LoaderState(
         settings=describe_loader(loader),
         epoch=progress.epoch,
@@ -334,7 +341,8 @@ def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any, map_style
         if state.dataset is not None:
             dataset.load_state_dict(state.dataset)
             # What the dataset says now, as torchdata asks it again.
-            progress.dataset, progress.dataset_step = dataset.state_dict(), state.dataset_step
+            progress.dataset = snapshot(dataset.state_dict())
+            progress.dataset_step = state.dataset_step
             first = progress.yielded - skip  # the position of skipped[0]
             for position, index in enumerate(skipped, first):
                 if fetch_again is not None and position >= state.dataset_step:
@@ -497,11 +505,10 @@ def _continues_an_epoch(sampler: Any) -> bool | None:
     a state: its next iteration may continue the saved epoch (torchdata's
     word) or, where its state was taken once that epoch had run out (a
     short last batch drew past the end), start a new one."""
-    while not hasattr(sampler, "_resume") and hasattr(sampler, "sampler"):
-        sampler = sampler.sampler
-    if not hasattr(sampler, "_resume"):
+    keeper = resume_keeper(sampler)
+    if keeper is None:
         return None
-    return sampler._resume is not None
+    return keeper._resume is not None
 
 
 def _remainder_or_fresh(restored: Iterator[Any], sampler: Any,

@@ -206,6 +206,7 @@ class BatchWriter:
     def __init__(self, dataset: Any, kind: DatasetKind, auto_collation: bool,
                  collate_fn: Callable[[Any], Any], *, unmapped_slot_bytes: int = 0) -> None:
         self._default_collation = _default_collation(auto_collation, collate_fn)
+        self._auto_collation = auto_collation
         # Slots this large are collated into through their segment's file
         # where it is open (NOTE [ Unmapped slots ] in fastload._memory).
         self._unmapped_slot_bytes = unmapped_slot_bytes
@@ -254,8 +255,13 @@ class BatchWriter:
         there is none; the general path, which computes the batch itself).
         Raises what fetching raises. The in-place writers are prepare's."""
         if not self._default_collation:
-            batch = fetcher.fetch(index)
-            return None, lambda: batch
+            if not self._auto_collation:
+                batch = fetcher.fetch(index)
+                return None, lambda: batch
+            # Collated by the general path, after the fetch (which may
+            # take turns with other threads': FetchTurns).
+            fetched = fetcher.fetch_samples(index)
+            return None, lambda: fetcher.collate(fetched, index)
         if self._gather is not None:
             gather, row_map = self._gather
             rows = _rows(index, row_map)

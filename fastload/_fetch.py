@@ -6,6 +6,7 @@ where its indices come from or where its batches go.
 """
 from __future__ import annotations
 
+import copy
 import enum
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -55,10 +56,10 @@ class DatasetFetcher:
     stateful = False
 
     def state(self) -> Any:
-        """The dataset's position now (see ``restore``); None when nothing
-        keeps a state."""
+        """The dataset's position now (see ``restore``), as a snapshot;
+        None when nothing keeps a state."""
         source = self._stateful_source
-        return None if source is None else source.state_dict()
+        return None if source is None else snapshot(source.state_dict())
 
     def restore(self, state: Any) -> None:
         """Put the dataset back where ``state()`` was taken (for an iterable
@@ -254,6 +255,17 @@ class _EndedOrNot:
         except StopIteration:
             fetcher.dataset_iter = iter(fetcher.dataset)
             return next(fetcher.dataset_iter)
+
+
+def snapshot(state: Any) -> Any:
+    """A copy of a ``state_dict()`` that what made it cannot change later:
+    one may return an object it keeps updating, and a state is recorded a
+    few batches before it is taken (a snapshot step, a batch prefetched
+    since). One that cannot be copied is kept as it is."""
+    try:
+        return copy.deepcopy(state)
+    except Exception:
+        return state
 
 
 def is_stateful(source: Any) -> bool:

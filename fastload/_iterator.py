@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from fastload import _checkpoint, _datapipes, _seed
 from fastload._fast_path import reads_index_arrays
-from fastload._fetch import DatasetKind, create_fetcher, is_stateful
+from fastload._fetch import DatasetKind, create_fetcher, is_stateful, snapshot
 from fastload._loader_state import LoaderState
 from fastload._output import arrays_to_tensors, tensors_to_arrays
 from fastload._pinning import PinnedLater, PinTimedOut, pin_batch, pin_target
@@ -235,7 +235,8 @@ class BaseIter:
         progress.finished = True
         progress.sampler = sampler_state(self._index_sampler)
         if self._map_style and progress.workers is None and is_stateful(self._dataset):
-            progress.dataset, progress.dataset_step = self._dataset.state_dict(), progress.yielded
+            progress.dataset = snapshot(self._dataset.state_dict())
+            progress.dataset_step = progress.yielded
 
     def _raise_failed_batch(self, error: WorkerError, pid: int, thread: bool = False) -> NoReturn:
         """A worker's exception for a batch, raised in its place."""

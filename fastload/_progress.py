@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastload._epoch_pieces import LazyState
+from fastload._fetch import snapshot
 from fastload._loader_state import WorkerState
 from fastload.sampler import BatchSampler, lazy_state_getter
 
@@ -30,8 +31,25 @@ def sampler_state_getter(sampler: Any) -> Callable[[], Any] | None:
 def sampler_snapshot_getter(sampler: Any) -> Callable[[], Any] | None:
     """What a snapshot step records of the sampler: a LazyState of it for
     fastload's random samplers (``recorded_state`` makes it the
-    state_dict() when a state is taken), else sampler_state_getter's."""
-    return lazy_state_getter(sampler) or sampler_state_getter(sampler)
+    state_dict() when a state is taken), else sampler_state_getter's, a
+    snapshot of it for a sampler of unknown kind, whose state_dict() may
+    return an object it keeps updating."""
+    lazy = lazy_state_getter(sampler)
+    if lazy is not None:
+        return lazy
+    getter = sampler_state_getter(sampler)
+    if getter is None or resume_keeper(sampler) is not None:
+        return getter
+    return lambda: snapshot(getter())
+
+
+def resume_keeper(sampler: Any) -> Any:
+    """What keeps a restored state's resume pending in ``_resume`` (fastload's
+    samplers and the wrapper of torch's random ones, under a BatchSampler
+    too), or None for a sampler of unknown kind."""
+    while not hasattr(sampler, "_resume") and hasattr(sampler, "sampler"):
+        sampler = sampler.sampler
+    return sampler if hasattr(sampler, "_resume") else None
 
 
 def recorded_state(recorded: Any) -> Any:
@@ -40,9 +58,13 @@ def recorded_state(recorded: Any) -> Any:
 
 
 def sampler_state(sampler: Any) -> Any:
-    """The sampler's state_dict(), or None for a sampler that keeps none."""
+    """The sampler's state_dict() (a snapshot of it for a sampler of unknown
+    kind, as sampler_snapshot_getter's), or None for a sampler that keeps
+    none."""
     getter = sampler_state_getter(sampler)
-    return None if getter is None else getter()
+    if getter is None:
+        return None
+    return getter() if resume_keeper(sampler) is not None else snapshot(getter())
 
 
 class Progress:

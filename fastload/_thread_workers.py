@@ -109,10 +109,10 @@ from fastload import _checkpoint
 from fastload._dispatch import DrawsTasks, RoundRobin, WorkerIter, wait_seconds
 from fastload._epoch_pieces import listed
 from fastload._fast_path import not_gathered, writes_in_c
-from fastload._fetch import describe_indices, is_stateful
+from fastload._fetch import describe_indices, is_stateful, snapshot
 from fastload._loader_state import LoaderState, WorkerState
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
-from fastload._progress import NO_SNAPSHOT
+from fastload._progress import NO_SNAPSHOT, Progress
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, STARTED
 from fastload._stats import WorkerStats
 from fastload._task_table import STREAM_ENDED, Task, TaskTable
@@ -141,6 +141,7 @@ class ThreadIter(WorkerIter, DrawsTasks):
     def __init__(self, loader: Any, resume: LoaderState | None,
                  base_seed: int | None = None, start_states: list[Any] | None = None) -> None:
         """``start_states``: as for MultiProcessingIter."""
+        left = loader._progress  # the last epoch's, until super() starts this one
         super().__init__(loader, resume, base_seed)
         workers = loader.num_workers
         self._results: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
@@ -156,6 +157,10 @@ class ThreadIter(WorkerIter, DrawsTasks):
         if resume is not None and progress.workers is not None:
             resumed = list(progress.workers)
         if resume is None:
+            latest = loader._latest_iterator
+            previous = None if latest is None else latest()
+            if previous is None or not previous.reusable:  # its threads stopped
+                self._restore_left_epoch(left)
             self._record_shared_start()
         config = WorkerConfig(loader, self._base_seed)
         # Slots for the batches C writes (NOTE [ Thread workers ]).
@@ -167,6 +172,11 @@ class ThreadIter(WorkerIter, DrawsTasks):
         self._write_here = functools.partial(batch_in_slot, general=not_gathered, slots=slots)
         self._slots = slots
         self._fetch_turns = config.fetch_turns
+        if self._fetch_turns is not None:
+            # Fetched one at a time in task order, batches arrive in order,
+            # but for collation: delivering them in order keeps each state
+            # the state at a step (in_order=False only permits otherwise).
+            self._in_order = True
         self._workers = [
             WorkerThread(i, config, slots, self._results, progress.epoch,
                          progress.datapipe_seed, resumed[i],
@@ -199,12 +209,24 @@ class ThreadIter(WorkerIter, DrawsTasks):
         while self._started < len(self._workers):
             self._wait(deadline)
 
+    def _restore_left_epoch(self, left: Progress | None) -> None:
+        """A map-style dataset the threads share, with a state, whose last
+        epoch was left before its end (``left``, its progress): put back
+        where its last delivered batch left it, as num_workers=0 leaves it,
+        undoing the fetches of batches prefetched and never delivered (by
+        threads stopped since, or that answered a RESET)."""
+        if (left is None or left.finished or left.workers is not None
+                or left.dataset is None or not self._map_style
+                or not is_stateful(self._dataset)):
+            return
+        self._dataset.load_state_dict(left.dataset)
+
     def _record_shared_start(self) -> None:
         """A map-style dataset the threads share, with a state: a state taken
         before the epoch's first batch holds where it starts (taken before
         any thread fetches for this epoch)."""
         if self._map_style and is_stateful(self._dataset):
-            self._progress.dataset = self._dataset.state_dict()
+            self._progress.dataset = snapshot(self._dataset.state_dict())
             self._progress.dataset_step = 0
 
     @property
@@ -239,6 +261,7 @@ class ThreadIter(WorkerIter, DrawsTasks):
         lookahead's tasks if it guessed it. Other tasks still in flight
         finish first (each thread takes its messages in order); their
         batches are dropped when they arrive."""
+        left = self._progress
         super()._reset(loader)
         if not self._map_style:
             self._progress.workers, _ = _checkpoint.worker_states(
@@ -251,12 +274,16 @@ class ThreadIter(WorkerIter, DrawsTasks):
         table = self._table
         self._carried.abandon_others(table)
         table.stale.clear()  # their answers are dropped when they arrive
+        if self._fetch_turns is not None:
+            self._fetch_turns.drop_sent()
         if lookahead is None:  # a lookahead sent this already
             self._reset_workers(self._progress.epoch, self._progress.datapipe_seed)
         # Each thread answers once done with its abandoned tasks: then the
-        # shared dataset is where the new epoch starts, and so is each
-        # stream (their STARTED), for a state taken now.
+        # shared dataset is where the new epoch starts (put back where the
+        # left epoch's last delivered batch left it, if it keeps a state),
+        # and so is each stream (their STARTED), for a state taken now.
         self._await_started()
+        self._restore_left_epoch(left)
         self._record_shared_start()
         self._begin_epoch()
         if self._draw.failed_at_start:

@@ -127,11 +127,11 @@ class FetchTurns:
     """The fetches of a shared map-style dataset that keeps a state, one at
     a time in the order their tasks were sent (NOTE [ Thread workers ] in
     fastload._thread_workers). The main thread hands each task a ticket as
-    it sends it; a worker thread fetches when its ticket is served, reads
-    the dataset's state, and serves the next ticket. Every ticket is
+    it sends it; a worker thread waits until its ticket is served, fetches
+    and reads the dataset's state (or, for a task of an epoch left before
+    its end, does neither), and serves the next ticket. Every ticket is
     served: each thread takes its tasks in the order they were sent, and
-    every task is fetched (an epoch given up included) until the workers
-    stop, which ends every wait."""
+    a wait ends when the workers stop."""
 
     # How often a wait looks at ``stop`` (a served ticket wakes it at once).
     STOP_CHECK_SECONDS = 0.05
@@ -139,6 +139,7 @@ class FetchTurns:
     def __init__(self, stop: threading.Event) -> None:
         self._stop = stop
         self._sent = 0  # tickets handed out, by the main thread only
+        self._dropped_below = 0  # tickets of tasks whose epoch was left
         self._serving = 0
         self._served = threading.Condition()
 
@@ -146,19 +147,27 @@ class FetchTurns:
         ticket, self._sent = self._sent, self._sent + 1
         return ticket
 
+    def drop_sent(self) -> None:
+        """The tasks sent so far belong to an epoch left before its end:
+        their turns pass without a fetch."""
+        with self._served:
+            self._dropped_below = self._sent
+
     def wait(self, ticket: int) -> bool:
-        """Until ``ticket`` is served (True), or the workers stop (False)."""
+        """Wait for ``ticket``'s turn; whether to fetch then (not for a
+        dropped task, nor once the workers stop). ``done`` follows."""
         with self._served:
             while self._serving != ticket:
                 if self._stop.is_set():
                     return False
                 self._served.wait(self.STOP_CHECK_SECONDS)
-        return True
+            return ticket >= self._dropped_below
 
     def done(self, ticket: int) -> None:
         with self._served:
-            self._serving = ticket + 1
-            self._served.notify_all()
+            if self._serving == ticket:
+                self._serving = ticket + 1
+                self._served.notify_all()
 
 
 def _replica(config: WorkerConfig) -> Any:
@@ -301,7 +310,8 @@ class WorkerThread:
             return
         turns = self.config.fetch_turns
         if turn is not None and turns is not None and not turns.wait(turn):
-            return  # stopping
+            turns.done(turn)
+            return  # a dropped task (its answer would be), or stopping
         watched = _global_rng_states() if self.first_batch else None
         self.first_batch = False
         started = time.perf_counter()

@@ -83,3 +83,114 @@ def test_threads_waiting_for_their_turn_stop_with_the_iterator():
     assert threading.active_count() <= before
     # The loader goes on: a new epoch is whole.
     assert sorted(row[0] for batch in _epoch(loader) for row in batch) == list(range(24))
+
+
+def _stacked(samples):
+    """A collate_fn of the user's own (not fastload's default collation)."""
+    return np.stack(samples)
+
+
+@pytest.mark.parametrize("collate_fn", [None, _stacked])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_an_epoch_left_early_leaves_the_dataset_where_the_main_process_would(
+        persistent, collate_fn):
+    """Batches prefetched and never delivered were fetched: the next epoch
+    starts from the state after the last delivered batch, as with
+    num_workers=0, whatever the threads' timing."""
+    def epochs(loader):
+        iterator = iter(loader)
+        head = [next(iterator).tolist() for _ in range(2)]
+        del iterator
+        return head, _epoch(loader)
+
+    main = _loader(0)
+    main.collate_fn = collate_fn or main.collate_fn
+    threads = _loader(3, persistent)
+    threads.collate_fn = collate_fn or threads.collate_fn
+    assert epochs(threads) == epochs(main)
+
+
+class SlowDrawing(Drawing):
+    def __getitem__(self, i):
+        time.sleep(0.25)
+        return np.array([i, self.rng.integers(1000)])
+
+
+def test_the_tasks_of_an_epoch_left_early_are_not_fetched():
+    """With persistent threads, iter() waits for the tasks of the epoch it
+    leaves: they pass their turn unfetched (three queued fetches of 0.25 s
+    each per thread would outlast the timeout)."""
+    loader = fl.DataLoader(SlowDrawing(), batch_size=1, num_workers=3, worker_method="thread",
+                           persistent_workers=True, prefetch_factor=3, timeout=1.5)
+    iterator = iter(loader)
+    next(iterator)
+    iterator = iter(loader)
+    assert next(iterator).shape == (1, 2)
+
+
+class LiveState(fl.Dataset):
+    """A state_dict() that returns the object the dataset keeps updating."""
+
+    def __init__(self):
+        self.state = {"served": 0}
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        self.state["served"] += 1
+        return np.array([i, self.state["served"]])
+
+    def state_dict(self):
+        return self.state
+
+    def load_state_dict(self, state):
+        self.state = dict(state)
+
+
+@pytest.mark.parametrize("workers,every", [(0, 3), (2, 1), (2, 3)])
+def test_a_state_dict_the_dataset_keeps_updating_is_recorded_as_it_was(workers, every):
+    def loader():
+        threads = {"worker_method": "thread"} if workers else {}
+        return fl.DataLoader(LiveState(), batch_size=3, num_workers=workers,
+                             snapshot_every_n_steps=every, **threads)
+
+    expected = _epoch(loader())
+    for taken in range(len(expected) + 1):
+        saved = loader()
+        iterator = iter(saved)
+        delivered = [next(iterator).tolist() for _ in range(taken)]
+        state = saved.state_dict()
+        del iterator
+        resumed = loader()
+        resumed.load_state_dict(state)
+        assert delivered + _epoch(resumed) == expected, f"state after {taken} batches"
+
+
+class SlowCollating:
+    """A collate_fn that is slow for one batch, which without order would
+    be delivered after those sent later."""
+
+    def __call__(self, samples):
+        if any(sample[0] == 10 for sample in samples):
+            time.sleep(0.2)
+        return np.stack(samples)
+
+
+def test_in_order_false_delivers_a_stateful_datasets_batches_in_order():
+    def loader(workers):
+        threads = {"worker_method": "thread", "in_order": False} if workers else {}
+        dataset = Drawing()
+        return fl.DataLoader(dataset, batch_size=3, num_workers=workers,
+                             collate_fn=SlowCollating(), **threads)
+
+    expected = _epoch(loader(0))
+    assert _epoch(loader(3)) == expected
+    saved = loader(3)
+    iterator = iter(saved)
+    delivered = [next(iterator).tolist() for _ in range(4)]
+    state = saved.state_dict()
+    del iterator
+    resumed = loader(0)
+    resumed.load_state_dict(state)
+    assert delivered + _epoch(resumed) == expected
