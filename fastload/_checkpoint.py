@@ -101,6 +101,7 @@ from fastload._fetch import (
     is_stateful,
     skip_batches,
     snapshot,
+    unmoved,
 )
 from fastload._loader_state import LoaderState, WorkerState
 from fastload._progress import (
@@ -278,7 +279,7 @@ def start(loader: Any, state: LoaderState, restored: bool) -> ResumeStart:
     # epoch, an iterable dataset) is where an iteration ended: the next
     # epoch's first iteration may be that ended one (``after_restored_end``).
     restored = state.sampler if loader._dataset_kind is DatasetKind.MAP else state.dataset
-    loader._restored_at_an_end = state.finished and restored is not None
+    loader._restored_at_an_end = state if state.finished and restored is not None else None
     if not state.finished:
         return ResumeStart(state)
     if not loader.persistent_workers:
@@ -324,7 +325,8 @@ def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any, map_style
         if continues is None and progress.sampler_step == 0:
             # A state recorded before the epoch's first draw may be the
             # previous epoch's end.
-            sampler_iter = _remainder_or_fresh(sampler_iter, index_sampler, index_arrays)
+            sampler_iter = _remainder_or_fresh(sampler_iter, index_sampler, index_arrays,
+                                               progress.sampler)
         # Every batch was delivered, only the StopIteration was not: a
         # sampler still inside that epoch (restored from a snapshot before
         # its end, or at its end) runs out of its empty remainder now, so
@@ -360,7 +362,7 @@ def resume_stream(fetcher: DatasetFetcher, progress: Progress, state: LoaderStat
     state read again and dropped."""
     progress.dataset_ended = state.dataset_ended
     if fetcher.stateful:
-        restore_at_step(fetcher, state.dataset, state.dataset_step)
+        restore_at_step(fetcher, state.dataset, state.dataset_step, state.dataset_ended)
         # What the dataset says now, as torchdata asks it again.
         progress.dataset, progress.dataset_step = fetcher.state(), state.dataset_step
     if state.dataset_ended:
@@ -439,17 +441,22 @@ def resume_replica(fetcher: DatasetFetcher, worker: WorkerState,
     """Put one worker's replica where a checkpoint left it: its state (after
     iter(), as torchdata does), then, for an iterable stream, the batches it
     delivered after that state read and dropped."""
-    restore_at_step(fetcher, worker.state, worker.state_step)
+    restore_at_step(fetcher, worker.state, worker.state_step, worker.ended)
     if isinstance(fetcher, IterableDatasetFetcher):
         skip_batches(fetcher, worker.yielded - worker.state_step, batch_size)
 
 
-def restore_at_step(fetcher: DatasetFetcher, state: Any, step: int) -> None:
+def restore_at_step(fetcher: DatasetFetcher, state: Any, step: int, ended: bool) -> None:
     """Restore a dataset's ``state``, recorded after its batch ``step``: an
     iterable stream's recorded before the first (step 0, the state of the
-    epoch's start) may be the previous stream's end (NOTE [ A stream
+    epoch's start) may be the previous stream's end, and one recorded once
+    the stream ran out (``ended``) is that stream's end (NOTE [ A stream
     restored at its end ] in fastload._fetch)."""
-    if step == 0 and isinstance(fetcher, IterableDatasetFetcher):
+    if not isinstance(fetcher, IterableDatasetFetcher):
+        fetcher.restore(state)
+    elif ended:
+        fetcher.restore_ended(state)
+    elif step == 0:
         fetcher.restore_before_first_sample(state)
     else:
         fetcher.restore(state)
@@ -466,26 +473,27 @@ def resume_ended_replica(new_fetcher: Callable[[], DatasetFetcher], state: Any) 
     loaded = new_fetcher()
     loaded.restore(state)
     if state is not None:
-        after_restored_end(new_fetcher())
+        after_restored_end(new_fetcher(), state)
     else:
         new_fetcher()
 
 
-def after_restored_end(fetcher: DatasetFetcher) -> None:
-    """The first epoch after an iterable dataset was restored where its
-    stream ran out: its first stream may be that ended one (NOTE [ A
-    stream restored at its end ] in fastload._fetch)."""
+def after_restored_end(fetcher: DatasetFetcher, loaded: Any) -> None:
+    """The first epoch after an iterable dataset was restored from
+    ``loaded``, where its stream ran out: its first stream may be that
+    ended one (NOTE [ A stream restored at its end ] in fastload._fetch)."""
     if isinstance(fetcher, IterableDatasetFetcher) and fetcher.dataset_keeps_state:
-        fetcher.read_past_an_ended_stream()
+        fetcher.read_past_an_ended_stream(loaded)
 
 
 def draws_after_restored_end(sampler_iter: Iterator[Any], index_sampler: Any,
-                             index_arrays: bool) -> Iterator[Any]:
-    """The first epoch's draws after the index sampler was restored where an
-    epoch ran out: a sampler of unknown kind's first iteration may be that
-    ended one (NOTE [ A stream restored at its end ] in fastload._fetch)."""
+                             index_arrays: bool, loaded: Any) -> Iterator[Any]:
+    """The first epoch's draws after the index sampler was restored from
+    ``loaded``, where an epoch ran out: a sampler of unknown kind's first
+    iteration may be that ended one (NOTE [ A stream restored at its end ]
+    in fastload._fetch)."""
     if _continues_an_epoch(index_sampler) is None:
-        return _remainder_or_fresh(sampler_iter, index_sampler, index_arrays)
+        return _remainder_or_fresh(sampler_iter, index_sampler, index_arrays, loaded)
     return sampler_iter
 
 
@@ -511,16 +519,20 @@ def _continues_an_epoch(sampler: Any) -> bool | None:
     return keeper._resume is not None
 
 
-def _remainder_or_fresh(restored: Iterator[Any], sampler: Any,
-                        index_arrays: bool) -> Iterator[Any]:
+def _remainder_or_fresh(restored: Iterator[Any], sampler: Any, index_arrays: bool,
+                        loaded: Any) -> Iterator[Any]:
     """The batches of a sampler of unknown kind restored from a state
     recorded before its epoch's first draw: ``restored``, unless it runs out
-    before its first batch, having continued the previous epoch's end; the
-    epoch is then a fresh iteration (NOTE [ A stream restored at its end ]
-    in fastload._fetch, the same for an index sampler)."""
+    before its first batch, having continued the previous epoch's end
+    without moving the sampler's state; the epoch is then a fresh
+    iteration (NOTE [ A stream restored at its end ] in fastload._fetch,
+    the same for an index sampler)."""
+    before = sampler_state(sampler)
     first = next(restored, _NO_BATCH)
     if first is _NO_BATCH:
-        yield from index_batches(sampler, index_arrays)
+        # Unless it moved the sampler on: then that epoch was empty.
+        if unmoved(loaded, before, sampler_state(sampler)):
+            yield from index_batches(sampler, index_arrays)
         return
     yield first
     yield from restored

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import copy
 import enum
+import pickle
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from fastload._sample_rng import context as sample_context
+from fastload._torch import torch_if_imported
 from fastload.errors import CollateError
 
 
@@ -165,18 +169,39 @@ class IterableDatasetFetcher(DatasetFetcher):
         ``iter(dataset)`` (NOTE [ A stream restored at its end ])."""
         self.restore(state)
         if state is not None and self.dataset_keeps_state:
-            self.read_past_an_ended_stream()
+            self.read_past_an_ended_stream(state)
+
+    def restore_ended(self, state: Any) -> None:
+        """``restore`` a state taken once the stream had run out (inside a
+        batch the saved run delivered; this epoch reads no more of it), then
+        read the restored stream out, as the saved run read it to its end,
+        so that the next epoch's stream does not continue it. A stream
+        that yields, or that runs out moving its state on, was already the
+        next one: the state is restored again for it (NOTE [ A stream
+        restored at its end ])."""
+        self.restore(state)
+        if state is None or not self.dataset_keeps_state:
+            return
+        before = self.state()
+        try:
+            next(self.dataset_iter)
+        except StopIteration:
+            if unmoved(state, before, self.state()):
+                return
+        except Exception:
+            pass  # the next epoch's stream, failing: it starts from the state
+        self.restore(state)
 
     @property
     def dataset_keeps_state(self) -> bool:
         """Whether the stream's state is the dataset's, not its iterator's."""
         return self._stateful_source is self.dataset
 
-    def read_past_an_ended_stream(self) -> None:
+    def read_past_an_ended_stream(self, loaded: Any) -> None:
         """Read the epoch from a fresh ``iter(dataset)`` if the current
-        stream runs out before its first sample (NOTE [ A stream restored
-        at its end ])."""
-        self.dataset_iter = _EndedOrNot(self, self.dataset_iter)
+        stream, restored from ``loaded``, runs out before its first sample
+        (NOTE [ A stream restored at its end ])."""
+        self.dataset_iter = _EndedOrNot(self, self.dataset_iter, loaded)
 
     def end_state(self) -> Any:
         """The dataset's own state once its stream ran out (it has seen
@@ -225,24 +250,27 @@ class _EndedOrNot:
     Restored, that state makes the next stream continue the ended one,
     which yields nothing, where the saved run went on to a whole epoch. So
     a stream restored from such a state that runs out before its first
-    sample is taken for that ended one, and the epoch is read from a fresh
-    ``iter(dataset)``, as the saved run read it. A dataset whose state
-    already describes the new stream (one that resets its position as its
-    stream ends) yields from the restored stream, which is kept. Only a
+    sample, leaving the state as it was, is taken for that ended one, and
+    the epoch is read from a fresh ``iter(dataset)``, as the saved run read
+    it. A dataset whose state already describes the new stream (one that
+    resets its position as its stream ends) yields from the restored
+    stream, which is kept; so is one that runs out at once but moves its
+    state on (an epoch counter): that epoch is empty. Only a
     state the dataset holds can be stale so: an iterator's own state is
     always that of its own stream, which the next epoch replaces.
 
     The same goes for an index sampler of a kind fastload does not know,
     whose state is restored with a map-style epoch (fastload._checkpoint:
-    ``_remainder_or_fresh``, ``_run_out_or_restore``). A restored
-    iteration that runs out at once costs one more ``iter()``, nothing
-    else, when the dataset or sampler is simply empty.
+    ``_remainder_or_fresh``, ``_run_out_or_restore``). What remains
+    ambiguous: an empty epoch whose iteration moves no state is read
+    twice (one more ``iter()``).
     """
 
-    __slots__ = ("fetcher", "restored")
+    __slots__ = ("fetcher", "restored", "loaded")
 
-    def __init__(self, fetcher: IterableDatasetFetcher, restored: Iterator[Any]) -> None:
-        self.fetcher, self.restored = fetcher, restored
+    def __init__(self, fetcher: IterableDatasetFetcher, restored: Iterator[Any],
+                 loaded: Any) -> None:
+        self.fetcher, self.restored, self.loaded = fetcher, restored, loaded
 
     def __iter__(self) -> _EndedOrNot:
         return self
@@ -250,9 +278,12 @@ class _EndedOrNot:
     def __next__(self) -> Any:
         fetcher = self.fetcher
         fetcher.dataset_iter = self.restored
+        before = fetcher.state()
         try:
             return next(self.restored)
         except StopIteration:
+            if not unmoved(self.loaded, before, fetcher.state()):
+                raise  # a whole epoch, empty: it moved the state on
             fetcher.dataset_iter = iter(fetcher.dataset)
             return next(fetcher.dataset_iter)
 
@@ -266,6 +297,42 @@ def snapshot(state: Any) -> Any:
         return copy.deepcopy(state)
     except Exception:
         return state
+
+
+def unmoved(loaded: Any, before: Any, after: Any) -> bool:
+    """Whether an iteration that ran out at once left a restored state as it
+    was: ``after`` is the state that was loaded, or the state as read
+    before the iteration (a ``state_dict()`` may show a loaded state only
+    once an iteration takes it up)."""
+    return same_state(after, loaded) or same_state(after, before)
+
+
+def same_state(first: Any, second: Any) -> bool:
+    """Whether two snapshots hold the same state: containers item by item,
+    arrays and tensors by dtype, shape and values, anything else by ==
+    (or, where that raises, as pickles); False when that cannot tell."""
+    if type(first) is not type(second):
+        return False
+    if isinstance(first, dict):
+        return first.keys() == second.keys() and all(
+            same_state(first[key], second[key]) for key in first)
+    if isinstance(first, (list, tuple)):
+        return len(first) == len(second) and all(map(same_state, first, second))
+    if isinstance(first, np.ndarray):
+        return (first.dtype == second.dtype and first.shape == second.shape
+                and bool(np.array_equal(first, second)))
+    torch = torch_if_imported()
+    if torch is not None and isinstance(first, torch.Tensor):
+        return (first.dtype == second.dtype and first.shape == second.shape
+                and bool(torch.equal(first, second)))
+    try:
+        return bool(first == second)
+    except Exception:
+        pass
+    try:
+        return pickle.dumps(first) == pickle.dumps(second)
+    except Exception:
+        return False
 
 
 def is_stateful(source: Any) -> bool:

@@ -138,7 +138,7 @@ class BaseIter:
         seeds_pipe = _datapipes.is_iter_datapipe(self._dataset)
         # A state restored between epochs that is where an iteration ended
         # (_checkpoint.start): this epoch's first iteration may be that one.
-        self._after_restored_end, loader._restored_at_an_end = loader._restored_at_an_end, False
+        self._restored_end, loader._restored_at_an_end = loader._restored_at_an_end, None
         if resume is None:
             # Same order as torch: an IterDataPipe's shared seed, the (lazy)
             # sampler iterator, then the base seed, and with workers one more
@@ -160,9 +160,10 @@ class BaseIter:
                 self._sampler_iter = index_batches(self._index_sampler, self._index_arrays)
                 if seeds_pipe:
                     pipe_seed = _seed.draw_seed(loader._rng)
-            if self._after_restored_end and self._map_style:
+            if self._restored_end is not None and self._map_style:
                 self._sampler_iter = _checkpoint.draws_after_restored_end(
-                    self._sampler_iter, self._index_sampler, self._index_arrays)
+                    self._sampler_iter, self._index_sampler, self._index_arrays,
+                    self._restored_end.sampler)
             self._progress = Progress(loader._epoch, base_seed, self._map_style)
             self._progress.sampler = sampler_state(self._index_sampler)
             self._progress.datapipe_seed = pipe_seed
@@ -362,8 +363,8 @@ class SingleProcessIter(BaseIter):
             self._collate_fn,
             self._drop_last,
         )
-        if self._after_restored_end:
-            _checkpoint.after_restored_end(self._fetcher)
+        if self._restored_end is not None:
+            _checkpoint.after_restored_end(self._fetcher, self._restored_end.dataset)
         progress = self._progress
         if resume is None:
             # A state taken before the first batch then holds the dataset's

@@ -139,19 +139,34 @@ class IterationState:
     protocol, in which ``iter(sampler)`` returns an iterator with
     ``state_dict`` and ``load_state_dict`` (torchdata's RandomSampler and
     BatchSampler), the sampler itself keeping none. ``state_dict()`` is the
-    latest iterator's, or None when it keeps none (or before any): the
-    DataLoader then counts batches, as for any sampler without a state. A
-    loaded state goes into the next iterator, which continues that
-    iteration, as torchdata's loader restores one. Whether that iteration
-    had ended is not known here: the DataLoader tries (NOTE [ A stream
-    restored at its end ] in fastload._fetch)."""
+    latest iterator's (a loaded one's until an iterator takes it), or None
+    when it keeps none, or before any: the DataLoader then counts batches,
+    as for any sampler without a state. A loaded state goes into the next
+    iterator, which continues that iteration, as torchdata's loader
+    restores one. Whether that iteration had ended is not known here: the
+    DataLoader tries (NOTE [ A stream restored at its end ] in
+    fastload._fetch)."""
 
     def __init__(self, sampler: Any) -> None:
         self.sampler = sampler
-        self._stateful_iterator: Any = None  # the latest iterator, if it keeps a state
+        self._iterator: Any = None  # the latest iterator, if it keeps a state
+        self._next: Iterator[Any] | None = None  # made by _begin_epoch_draws
         self._pending: Any = None  # a loaded state, for the next iterator
 
+    def _begin_epoch_draws(self) -> None:
+        """An epoch's draws begin (fastload.sampler.index_batches). Once
+        iterators are known to keep a state, the epoch's is made now, so a
+        state recorded before its first draw is its own, not the last
+        epoch's (fastload's BatchSampler asks for it at its first batch,
+        as torch's does; torchdata's asks at once)."""
+        if self._next is None and (self._iterator is not None or self._pending is not None):
+            self._next = self._new_iterator()
+
     def __iter__(self) -> Iterator[Any]:
+        iterator, self._next = self._next, None
+        return iterator if iterator is not None else self._new_iterator()
+
+    def _new_iterator(self) -> Iterator[Any]:
         iterator = iter(self.sampler)
         stateful = is_stateful(iterator)
         pending, self._pending = self._pending, None
@@ -161,19 +176,28 @@ class IterationState:
                     f"cannot resume {type(self.sampler).__name__}: the state holds its "
                     f"iterator's, but its iterator ({type(iterator).__name__}) has no "
                     "load_state_dict()")
-            iterator.load_state_dict(pending)
-        self._stateful_iterator = iterator if stateful else None
-        return iterator  # type: ignore[no-any-return]
+            iterator.load_state_dict(pending)  # type: ignore[attr-defined]
+        self._iterator = iterator if stateful else None
+        return iterator
 
     def __len__(self) -> int:
         return len(self.sampler)
 
     def state_dict(self) -> dict[str, Any] | None:
-        iterator = self._stateful_iterator
+        if self._pending is not None:
+            return {"iterator": self._pending}
+        iterator = self._iterator
         return None if iterator is None else {"iterator": iterator.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._pending = state["iterator"]
+        self._pending, self._next = state["iterator"], None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (a pickled loader's) starts its next iteration afresh from
+        # the sampler as it is; a live iterator may not pickle at all.
+        state = self.__dict__.copy()
+        state["_iterator"] = state["_next"] = None
+        return state
 
 
 def _may_keep_state_in_iterator(sampler: Any) -> bool:

@@ -266,7 +266,7 @@ class DataLoader(Generic[T_co]):
         self._progress: Progress | None = None
         self._resume_state: LoaderState | None = None
         self._resume_restored = True  # see _checkpoint.load
-        self._restored_at_an_end = False  # see _checkpoint.start
+        self._restored_at_an_end: LoaderState | None = None  # see _checkpoint.start
         self.__initialized = True
         self.check_worker_number_rationality()
 

@@ -533,7 +533,13 @@ def draws_arrays(index_sampler: Any) -> bool:
 
 def index_batches(index_sampler: Any, as_arrays: bool) -> Iterator[Any]:
     """``iter(index_sampler)``, or with ``as_arrays`` its ``_index_arrays()``
-    where it has them (``draws_arrays``)."""
+    where it has them (``draws_arrays``): an epoch's draws, which a sampler
+    whose iterator keeps the state (fastload._torch_draws.IterationState,
+    alone or under a BatchSampler) is told of first."""
+    for draws in (index_sampler, getattr(index_sampler, "sampler", None)):
+        begin = getattr(draws, "_begin_epoch_draws", None)
+        if begin is not None:
+            begin()
     if as_arrays and draws_arrays(index_sampler):
         batches: Iterator[Any] | None = index_sampler._index_arrays()
         assert batches is not None  # draws_arrays said so

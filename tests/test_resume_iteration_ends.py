@@ -267,3 +267,163 @@ def test_torchdatas_stateful_samplers_resume_as_the_saved_run_went_on(kind, ever
     # StatefulDistributedSampler's order changes with set_epoch() only.
     _assert_every_state_resumes(lambda: make(snapshot_every_n_steps=every),
                                 reshuffles=kind != "StatefulDistributedSampler")
+
+
+class ShortLastBatch(PendingCursor):
+    """Eleven rows: the stream runs out inside the last, short batch, so a
+    state taken after it was taken once the stream had ended."""
+
+    def __iter__(self):
+        worker, workers = _shard()
+        start = 0 if self.pending is None else self.pending
+        self.pending = None
+        for row in range(start, ROWS - 1):
+            self.position = row + 1
+            if row % workers == worker:
+                yield row
+
+
+@pytest.mark.parametrize("config", ["main", "persistent-threads", "persistent-processes"])
+def test_a_stream_that_ran_out_inside_the_last_batch_resumes_the_next_epoch_whole(config):
+    _assert_every_state_resumes(
+        lambda: fl.DataLoader(ShortLastBatch(), batch_size=2, **CONFIGS[config]),
+        reshuffles=False)
+
+
+@pytest.mark.parametrize("method", ["thread", "multiprocessing"])
+def test_a_replica_that_ended_ahead_of_delivery_resumes_the_next_epoch_whole(method):
+    """With in_order=False a worker's end (ENDED) can come before the state
+    is taken, with its last batch still to come from the other worker."""
+    def loader():
+        return fl.DataLoader(PendingCursor(), batch_size=2, num_workers=2,
+                             worker_method=method, persistent_workers=True, in_order=False)
+
+    for _ in range(3):
+        saved = loader()
+        iterator = iter(saved)
+        for _ in range(ROWS // 2):
+            next(iterator)
+        resumed = loader()
+        resumed.load_state_dict(saved.state_dict())
+        assert _epoch(resumed) == []
+        assert sorted(row for batch in _epoch(resumed) for row in batch) == list(range(ROWS))
+
+
+# The rows of each epoch: the second is empty.
+ROWS_BY_EPOCH = [[0, 1, 2, 3], [], [4, 5, 6, 7], [8, 9], [10, 11], [0, 1]]
+
+
+class EpochFiles(fl.IterableDataset):
+    """A stream whose epochs differ in length, one of them empty; its state
+    (position, epoch) moves on to the next epoch as a stream ends."""
+
+    def __init__(self):
+        self.position, self.epoch = 0, 0
+
+    def __iter__(self):
+        rows = ROWS_BY_EPOCH[self.epoch]
+        for i in range(self.position, len(rows)):
+            self.position = i + 1
+            yield rows[i]
+        self.position, self.epoch = 0, self.epoch + 1
+
+    def state_dict(self):
+        return {"position": self.position, "epoch": self.epoch}
+
+    def load_state_dict(self, state):
+        self.position, self.epoch = state["position"], state["epoch"]
+
+
+class EpochCurriculum(EpochFiles):
+    """The same as an index sampler."""
+
+    def __len__(self):
+        return len(ROWS_BY_EPOCH[self.epoch])
+
+
+@pytest.mark.parametrize("every", [1, 3])
+@pytest.mark.parametrize("kind", ["dataset", "sampler"])
+def test_an_empty_epoch_is_resumed_as_an_epoch(kind, every):
+    def loader():
+        if kind == "dataset":
+            return fl.DataLoader(EpochFiles(), batch_size=2, snapshot_every_n_steps=every)
+        return fl.DataLoader(np.arange(12), sampler=EpochCurriculum(), batch_size=2,
+                             snapshot_every_n_steps=every)
+
+    uninterrupted = loader()
+    epochs = [_epoch(uninterrupted) for _ in range(5)]
+    assert epochs[1] == []
+    for epoch in range(3):
+        for taken in [*range(len(epochs[epoch]) + 1), None]:
+            saved = loader()
+            for _ in range(epoch):
+                _epoch(saved)
+            iterator = iter(saved)
+            delivered = [next(iterator).tolist() for _ in range(taken or 0)]
+            if taken is None:
+                delivered = [batch.tolist() for batch in iterator]
+            state = saved.state_dict()
+            resumed = loader()
+            resumed.load_state_dict(state)
+            where = f"state after {taken} batches of epoch {epoch}"
+            if taken is None:
+                assert _epoch(resumed) == epochs[epoch + 1], where
+            else:
+                assert delivered + _epoch(resumed) == epochs[epoch], where
+            assert _epoch(resumed) == epochs[epoch + 1 + (taken is None)], where
+
+
+def _torchdata_random_loader(every=1):
+    torch = pytest.importorskip("torch")
+    samplers = pytest.importorskip("torchdata.stateful_dataloader.sampler")
+    data = np.arange(12)
+    return fl.DataLoader(
+        data, sampler=samplers.RandomSampler(data, generator=torch.Generator().manual_seed(7)),
+        batch_size=4, snapshot_every_n_steps=every)
+
+
+@pytest.mark.parametrize("every,taken", [(1, 0), (3, 1)])
+def test_an_iterators_state_resumed_twice_keeps_its_epoch(every, taken):
+    """Resumed between epochs, then checkpointed again before the loaded
+    state reached an iterator (or before the next snapshot)."""
+    uninterrupted = _torchdata_random_loader(every)
+    expected = [_epoch(uninterrupted) for _ in range(2)][1]
+    first = _torchdata_random_loader(every)
+    _epoch(first)
+    second = _torchdata_random_loader(every)
+    second.load_state_dict(first.state_dict())
+    iterator = iter(second)
+    delivered = [next(iterator).tolist() for _ in range(taken)]
+    third = _torchdata_random_loader(every)
+    third.load_state_dict(second.state_dict())
+    assert delivered + _epoch(third) == expected
+
+
+@pytest.mark.parametrize("every,taken", [(1, 0), (3, 1)])
+def test_an_iterators_state_after_an_epoch_left_early_is_the_new_epochs(every, taken):
+    uninterrupted = _torchdata_random_loader(every)
+    next(iter(uninterrupted))
+    expected = _epoch(uninterrupted)
+    saved = _torchdata_random_loader(every)
+    next(iter(saved))
+    iterator = iter(saved)
+    delivered = [next(iterator).tolist() for _ in range(taken)]
+    resumed = _torchdata_random_loader(every)
+    resumed.load_state_dict(saved.state_dict())
+    assert delivered + _epoch(resumed) == expected
+
+
+def test_a_loader_whose_sampler_iterator_keeps_the_state_pickles_after_an_epoch():
+    """torchdata's BatchSampler iterator holds its sampler's generator,
+    which does not pickle: a copy starts its next iteration afresh."""
+    import copy
+    import pickle
+
+    samplers = pytest.importorskip("torchdata.stateful_dataloader.sampler")
+    data = np.arange(12)
+    loader = fl.DataLoader(data, batch_sampler=samplers.BatchSampler(
+        samplers.StatefulDistributedSampler(data, num_replicas=1, rank=0), 4, False))
+    first = _epoch(loader)
+    assert _epoch(copy.deepcopy(loader)) == first
+    assert _epoch(pickle.loads(pickle.dumps(loader))) == first
+    assert _epoch(loader) == first
