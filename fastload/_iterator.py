@@ -395,6 +395,14 @@ class SingleProcessIter(BaseIter):
         progress.dataset_step = step
         progress.dataset_ended = True
 
+    def _record_dataset_snapshot(self) -> None:
+        """The dataset's state after the fetch of the batch about to be
+        delivered, on a snapshot step, as the sampler's is recorded."""
+        if self._fetcher.stateful and self._snapshot_due():
+            progress = self._progress
+            progress.dataset = self._fetcher.state()
+            progress.dataset_step = progress.yielded + 1
+
     def _next_data(self) -> Any:
         progress = self._progress
         drawn = self._draw.next()  # the draw worker iterators make, the same batches
@@ -413,13 +421,15 @@ class SingleProcessIter(BaseIter):
             if self._fetcher.ran_out(exc):
                 raise
             # The batch is delivered as its exception; the epoch goes on
-            # after it, whichever iterator loads (NOTE [ Fast paths ]).
+            # after it, whichever iterator loads (NOTE [ Fast paths ]). A
+            # map-style dataset's fetch moved it as far as it got (a
+            # stream's failed batch is read again on resume).
+            if self._map_style:
+                self._record_dataset_snapshot()
             progress.deliver(position, sampler_snapshot)
             self._batch_stopped = isinstance(exc, StopIteration)
             raise
-        if self._fetcher.stateful and self._snapshot_due():
-            progress.dataset = self._fetcher.state()
-            progress.dataset_step = progress.yielded + 1
+        self._record_dataset_snapshot()
         if not self._map_style:
             ended = self._fetcher.ended  # type: ignore[attr-defined]
             if ended and self._fetcher.stateful and not progress.dataset_ended:

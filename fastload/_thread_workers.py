@@ -435,7 +435,8 @@ class ThreadIter(WorkerIter, DrawsTasks):
             self._round_robin.retire(task.worker_id)
             table.finish(task_id, STREAM_ENDED)
             self._dispatch()
-        else:
+        else:  # FAILED, with the replica's state after it
+            task.has_dataset_state, task.dataset_state = message[3], message[4]
             table.finish(task_id, message[2])
 
     def _handled_outside_tasks(self, message: tuple[Any, ...]) -> bool:

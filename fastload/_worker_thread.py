@@ -301,6 +301,12 @@ class WorkerThread:
             sample_context.epoch = message[3]
             self.load(message[1], message[2], message[4])
 
+    def snapshot(self) -> tuple[bool, Any]:
+        """What this worker's next answer records of its replica
+        (``_checkpoint.replica_snapshot``)."""
+        return _checkpoint.replica_snapshot(self.fetcher, self.batches_done + 1,
+                                            self.config.snapshot_every)
+
     def load(self, task_id: int, index: Any, turn: int | None) -> None:
         """Load a task; ``turn``: its ticket of ``FetchTurns``, if fetches
         take turns."""
@@ -315,13 +321,18 @@ class WorkerThread:
         watched = _global_rng_states() if self.first_batch else None
         self.first_batch = False
         started = time.perf_counter()
+        snapshot: tuple[bool, Any] = (False, None)
         try:
             try:
-                fast, general = self.writer.plan(fetcher, index)
+                try:
+                    fast, general = self.writer.plan(fetcher, index)
+                except Exception:
+                    if self.map_style:  # what the failed fetch did counts too
+                        snapshot = self.snapshot()
+                    raise
                 # The replica's state right after this fetch, before another
                 # thread's on a shared dataset.
-                has_state, state = _checkpoint.replica_snapshot(
-                    fetcher, self.batches_done + 1, self.config.snapshot_every)
+                snapshot = self.snapshot()
             finally:
                 if turn is not None and turns is not None:
                     turns.done(turn)
@@ -335,13 +346,13 @@ class WorkerThread:
             # The batch is delivered as its exception; the epoch goes on.
             self.batches_done += 1
             self.results.put((FAILED, task_id, WorkerError(
-                exc, self.worker_id, describe_failure(index))))
+                exc, self.worker_id, describe_failure(index)), *snapshot))
             return
         if watched is not None and _global_rng_states() != watched:
             self.results.put((GLOBAL_RNG_USED, self.worker_id))
         self.batches_done += 1
         self.results.put((DONE, task_id, batch, fetched - started,
-                          time.perf_counter() - fetched, has_state, state,
+                          time.perf_counter() - fetched, *snapshot,
                           getattr(fetcher, "ended", False)))
 
 

@@ -35,9 +35,9 @@ class Drawing(fl.Dataset):
         self.rng.bit_generator.state = state["rng"]
 
 
-def _loader(workers, persistent=False):
+def _loader(workers, persistent=False, dataset=None):
     threads = {"worker_method": "thread", "persistent_workers": persistent} if workers else {}
-    dataset = Drawing()
+    dataset = Drawing() if dataset is None else dataset
     # A generator of the sampler's own: persistent workers draw fewer base
     # seeds from the loader's, as in torch.
     sampler = fl.RandomSampler(dataset, generator=np.random.default_rng(3))
@@ -194,3 +194,45 @@ def test_in_order_false_delivers_a_stateful_datasets_batches_in_order():
     resumed = loader(0)
     resumed.load_state_dict(state)
     assert delivered + _epoch(resumed) == expected
+
+
+class FailingAfterDrawing(Drawing):
+    """Sample 11 draws, then raises: its batch is delivered as the error,
+    and what it drew counts."""
+
+    def __getitem__(self, i):
+        sample = super().__getitem__(i)
+        if i == 11:
+            raise ValueError("sample 11 is broken")
+        return sample
+
+
+def _outcomes(iterator, count=None):
+    """Each next batch as a list, or the name of the error it raised."""
+    outcomes = []
+    while count is None or len(outcomes) < count:
+        try:
+            outcomes.append(next(iterator).tolist())
+        except StopIteration:
+            break
+        except ValueError as error:
+            outcomes.append(type(error).__name__)
+    return outcomes
+
+
+@pytest.mark.parametrize("save_workers,resume_workers", [(0, 0), (2, 2), (2, 0)])
+def test_a_state_after_a_failed_batch_holds_what_its_fetch_drew(save_workers, resume_workers):
+    def loader(workers):
+        return _loader(workers, dataset=FailingAfterDrawing())
+
+    expected = _outcomes(iter(loader(0)))
+    assert "ValueError" in expected
+    for taken in range(len(expected) + 1):
+        saved = loader(save_workers)
+        iterator = iter(saved)
+        delivered = _outcomes(iterator, taken)
+        state = saved.state_dict()
+        del iterator
+        resumed = loader(resume_workers)
+        resumed.load_state_dict(state)
+        assert delivered + _outcomes(iter(resumed)) == expected, f"state after {taken} batches"
