@@ -100,8 +100,6 @@ from fastload._fetch import (
     IterableDatasetFetcher,
     is_stateful,
     skip_batches,
-    snapshot,
-    unmoved,
 )
 from fastload._loader_state import LoaderState, WorkerState
 from fastload._progress import (
@@ -111,6 +109,7 @@ from fastload._progress import (
     resume_keeper,
     sampler_state,
 )
+from fastload._state_values import snapshot, unmoved
 from fastload.errors import StateMismatchError
 from fastload.sampler import index_batches
 
@@ -205,10 +204,11 @@ def capture(loader: Any) -> dict[str, Any]:
         yielded=progress.yielded,
         delivered_beyond=_ranges(progress.beyond),
         finished=progress.finished,
-        sampler=recorded_state(progress.sampler),
+        # Copies (NOTE [ Recorded states ] in fastload._state_values).
+        sampler=snapshot(recorded_state(progress.sampler)),
         sampler_step=progress.sampler_step,
         generator=_seed.generator_state(loader._rng),
-        dataset=progress.dataset,
+        dataset=snapshot(progress.dataset),
         dataset_step=progress.dataset_step,
         dataset_ended=progress.dataset_ended,
         workers=progress.workers,  # to_dict turns each into a new dict
@@ -231,6 +231,10 @@ def load(loader: Any, state: dict[str, Any]) -> tuple[LoaderState | None, bool]:
     if not state:
         return None, True  # torchdata's "start fresh"
     typed = LoaderState.from_dict(copy.deepcopy(state))
+    if loader._progress is not None:
+        # What the state restores is the program's: an epoch left before
+        # it is not put back (ThreadIter._restore_left_epoch).
+        loader._progress.shared_fetches = None
     try:
         check_compatible(typed, loader)
     except StateMismatchError:
@@ -242,12 +246,12 @@ def load(loader: Any, state: dict[str, Any]) -> tuple[LoaderState | None, bool]:
 def _restore_between_epochs(loader: Any, state: LoaderState) -> None:
     if state.finished and state.sampler is not None:
         # A sampler that ran out describes a new epoch next.
-        loader._index_sampler.load_state_dict(state.sampler)
+        loader._index_sampler.load_state_dict(snapshot(state.sampler))
     if state.finished and state.dataset is not None and is_stateful(loader.dataset):
         # Between epochs a dataset in this process is where its last epoch
         # left it (an iterable one where its stream ran out), and so are
         # the replicas workers copy from it; the next iter() starts there.
-        loader.dataset.load_state_dict(state.dataset)
+        loader.dataset.load_state_dict(snapshot(state.dataset))
 
 
 class ResumeStart:
@@ -316,7 +320,7 @@ def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any, map_style
     skip = progress.yielded
     continues: bool | None = False
     if progress.sampler is not None:
-        index_sampler.load_state_dict(progress.sampler)
+        index_sampler.load_state_dict(snapshot(progress.sampler))
         skip -= progress.sampler_step
         # Asked before iter(), which may take the restored position up at once.
         continues = _continues_an_epoch(index_sampler)
@@ -341,7 +345,7 @@ def resume_epoch(state: LoaderState, index_sampler: Any, dataset: Any, map_style
                 _run_out_or_restore(sampler_iter, index_sampler, progress.sampler)
             sampler_iter = iter(())
         if state.dataset is not None:
-            dataset.load_state_dict(state.dataset)
+            dataset.load_state_dict(snapshot(state.dataset))
             # What the dataset says now, as torchdata asks it again.
             progress.dataset = snapshot(dataset.state_dict())
             progress.dataset_step = state.dataset_step
@@ -547,7 +551,7 @@ def _run_out_or_restore(restored: Iterator[Any], sampler: Any, state: Any) -> No
     its end) and so describing the new epoch already, is put back in that
     state for it (NOTE [ A stream restored at its end ] in fastload._fetch)."""
     if next(restored, _NO_BATCH) is not _NO_BATCH:
-        sampler.load_state_dict(state)
+        sampler.load_state_dict(snapshot(state))
 
 
 _NO_BATCH = object()

@@ -6,16 +6,12 @@ where its indices come from or where its batches go.
 """
 from __future__ import annotations
 
-import copy
 import enum
-import pickle
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
-
 from fastload._sample_rng import context as sample_context
-from fastload._torch import torch_if_imported
+from fastload._state_values import Recorder, snapshot, unmoved
 from fastload.errors import CollateError
 
 
@@ -58,19 +54,32 @@ class DatasetFetcher:
     # iterable dataset, see IterableDatasetFetcher.
     _stateful_source: Any = None
     stateful = False
+    _recorder: Recorder | None = None
 
     def state(self) -> Any:
-        """The dataset's position now (see ``restore``), as a snapshot;
-        None when nothing keeps a state."""
+        """The dataset's position now (see ``restore``), recorded (NOTE [
+        Recorded states ] in fastload._state_values); None when nothing
+        keeps a state."""
         source = self._stateful_source
-        return None if source is None else snapshot(source.state_dict())
+        if source is None:
+            return None
+        if self._recorder is None:
+            self._recorder = Recorder(source.state_dict)
+        return self._recorder()
+
+    def live_state(self) -> Any:
+        """``state_dict()`` as it returns it, for a caller that records it
+        only while nothing can change it (NOTE [ Recorded states ])."""
+        return self._stateful_source.state_dict()
 
     def restore(self, state: Any) -> None:
         """Put the dataset back where ``state()`` was taken (for an iterable
         dataset: called after iter(), as torchdata does, so a dataset that
-        sets its cursor up in ``__iter__`` keeps the restored one)."""
+        sets its cursor up in ``__iter__`` keeps the restored one). A copy
+        of it: the source may keep what it is given and update it, and
+        ``state`` is kept as recorded."""
         if state is not None and self._stateful_source is not None:
-            self._stateful_source.load_state_dict(state)
+            self._stateful_source.load_state_dict(snapshot(state))
 
     def collate(self, samples: Any, index: Any) -> Any:
         """The batch of ``samples`` (fetched for ``index``): what ``fetch``
@@ -286,53 +295,6 @@ class _EndedOrNot:
                 raise  # a whole epoch, empty: it moved the state on
             fetcher.dataset_iter = iter(fetcher.dataset)
             return next(fetcher.dataset_iter)
-
-
-def snapshot(state: Any) -> Any:
-    """A copy of a ``state_dict()`` that what made it cannot change later:
-    one may return an object it keeps updating, and a state is recorded a
-    few batches before it is taken (a snapshot step, a batch prefetched
-    since). One that cannot be copied is kept as it is."""
-    try:
-        return copy.deepcopy(state)
-    except Exception:
-        return state
-
-
-def unmoved(loaded: Any, before: Any, after: Any) -> bool:
-    """Whether an iteration that ran out at once left a restored state as it
-    was: ``after`` is the state that was loaded, or the state as read
-    before the iteration (a ``state_dict()`` may show a loaded state only
-    once an iteration takes it up)."""
-    return same_state(after, loaded) or same_state(after, before)
-
-
-def same_state(first: Any, second: Any) -> bool:
-    """Whether two snapshots hold the same state: containers item by item,
-    arrays and tensors by dtype, shape and values, anything else by ==
-    (or, where that raises, as pickles); False when that cannot tell."""
-    if type(first) is not type(second):
-        return False
-    if isinstance(first, dict):
-        return first.keys() == second.keys() and all(
-            same_state(first[key], second[key]) for key in first)
-    if isinstance(first, (list, tuple)):
-        return len(first) == len(second) and all(map(same_state, first, second))
-    if isinstance(first, np.ndarray):
-        return (first.dtype == second.dtype and first.shape == second.shape
-                and bool(np.array_equal(first, second)))
-    torch = torch_if_imported()
-    if torch is not None and isinstance(first, torch.Tensor):
-        return (first.dtype == second.dtype and first.shape == second.shape
-                and bool(torch.equal(first, second)))
-    try:
-        return bool(first == second)
-    except Exception:
-        pass
-    try:
-        return pickle.dumps(first) == pickle.dumps(second)
-    except Exception:
-        return False
 
 
 def is_stateful(source: Any) -> bool:

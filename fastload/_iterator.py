@@ -15,12 +15,13 @@ from typing import Any, NoReturn
 
 from fastload import _checkpoint, _datapipes, _seed
 from fastload._fast_path import reads_index_arrays
-from fastload._fetch import DatasetKind, create_fetcher, is_stateful, snapshot
+from fastload._fetch import DatasetKind, create_fetcher, is_stateful
 from fastload._loader_state import LoaderState
 from fastload._output import arrays_to_tensors, tensors_to_arrays
 from fastload._pinning import PinnedLater, PinTimedOut, pin_batch, pin_target
 from fastload._progress import NO_SNAPSHOT, Progress, sampler_snapshot_getter, sampler_state
 from fastload._sample_rng import context as sample_context
+from fastload._state_values import snapshot
 from fastload._stats import LoaderStats
 from fastload._warnings import warn_at_caller
 from fastload._worker_error import WorkerError
@@ -33,11 +34,12 @@ class EpochDraw:
     when its task is sent."""
 
     def __init__(self, sampler_iter: Iterator[Any], skip: frozenset[int], start: int,
-                 snapshot_sampler: Any, snapshot_every: int) -> None:
+                 snapshot_sampler: Any, snapshot_every: int, latest_only: bool) -> None:
         """``skip``: positions delivered before a checkpoint (see
         BaseIter._skip); ``start``: the position of the next batch;
         ``snapshot_sampler``: the sampler whose state a snapshot step
-        records (None: no snapshots, as for an iterable dataset)."""
+        records (None: no snapshots, as for an iterable dataset);
+        ``latest_only``: BaseIter._records_latest_only."""
         self._sampler_iter = sampler_iter
         self._skip = skip
         self._start = self._drawn = start
@@ -45,7 +47,7 @@ class EpochDraw:
         # What records its state, looked up once (None: a sampler that keeps
         # no state, whose snapshot steps are still recorded, as torchdata
         # records them).
-        self._sampler_state = sampler_snapshot_getter(snapshot_sampler)
+        self._sampler_state = sampler_snapshot_getter(snapshot_sampler, latest_only)
         self._snapshot_every = snapshot_every
         # Whether the sampler ran out: it is not asked again.
         self.done = False
@@ -211,7 +213,16 @@ class BaseIter:
         """The draw of the epoch the progress describes, from where it stands."""
         return EpochDraw(self._sampler_iter, self._skip, self._progress.yielded,
                          self._index_sampler if self._map_style else None,
-                         self._snapshot_every)
+                         self._snapshot_every, self._records_latest_only)
+
+    @property
+    def _records_latest_only(self) -> bool:
+        """Whether each state a snapshot step records of the sampler or a
+        map-style dataset stays the latest until the next batch records
+        again, nothing drawn or fetched in between (num_workers=0, a
+        snapshot at every batch): recorded as returned (NOTE [ Recorded
+        states ] in fastload._state_values)."""
+        return False
 
     def _pipe_seed(self) -> int:
         """The seed of this epoch's DataPipe shufflers (_datapipes.epoch_seed)."""
@@ -395,12 +406,20 @@ class SingleProcessIter(BaseIter):
         progress.dataset_step = step
         progress.dataset_ended = True
 
+    @property
+    def _records_latest_only(self) -> bool:
+        return self._snapshot_every == 1
+
     def _record_dataset_snapshot(self) -> None:
         """The dataset's state after the fetch of the batch about to be
         delivered, on a snapshot step, as the sampler's is recorded."""
-        if self._fetcher.stateful and self._snapshot_due():
+        fetcher = self._fetcher
+        if fetcher.stateful and self._snapshot_due():
             progress = self._progress
-            progress.dataset = self._fetcher.state()
+            # A stream's failed batch records nothing: a state recorded as
+            # returned would have moved with it.
+            progress.dataset = (fetcher.live_state() if self._map_style
+                                and self._records_latest_only else fetcher.state())
             progress.dataset_step = progress.yielded + 1
 
     def _next_data(self) -> Any:

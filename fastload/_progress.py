@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from fastload._epoch_pieces import LazyState
-from fastload._fetch import snapshot
 from fastload._loader_state import WorkerState
+from fastload._state_values import Recorder, snapshot
 from fastload.sampler import BatchSampler, lazy_state_getter
 
 # What a batch that is no snapshot step carries in place of the sampler's
@@ -28,19 +28,22 @@ def sampler_state_getter(sampler: Any) -> Callable[[], Any] | None:
     return getter if callable(getter) else None
 
 
-def sampler_snapshot_getter(sampler: Any) -> Callable[[], Any] | None:
+def sampler_snapshot_getter(sampler: Any, latest_only: bool = False
+                            ) -> Callable[[], Any] | None:
     """What a snapshot step records of the sampler: a LazyState of it for
     fastload's random samplers (``recorded_state`` makes it the
-    state_dict() when a state is taken), else sampler_state_getter's, a
-    snapshot of it for a sampler of unknown kind, whose state_dict() may
-    return an object it keeps updating."""
+    state_dict() when a state is taken), else sampler_state_getter's,
+    recorded for a sampler of unknown kind, whose state_dict() may return
+    an object it keeps updating, unless each recorded state stays the
+    latest until a checkpoint copies it (``latest_only``: NOTE [ Recorded
+    states ] in fastload._state_values)."""
     lazy = lazy_state_getter(sampler)
     if lazy is not None:
         return lazy
     getter = sampler_state_getter(sampler)
-    if getter is None or resume_keeper(sampler) is not None:
+    if getter is None or latest_only or resume_keeper(sampler) is not None:
         return getter
-    return lambda: snapshot(getter())
+    return Recorder(getter)
 
 
 def resume_keeper(sampler: Any) -> Any:
@@ -96,6 +99,9 @@ class Progress:
         # each with the sampler's state recorded when it was drawn (or None).
         # ``yielded`` then counts the contiguous prefix only.
         self.beyond: dict[int, Any] = {}
+        # Thread workers fetching a shared dataset with a state in turns:
+        # their FetchTurns (fastload._worker_thread), for ThreadIter.
+        self.shared_fetches: Any = None
 
     def deliver(self, position: int, sampler_state: Any) -> None:
         """Batch ``position`` of the epoch was delivered (map-style), with

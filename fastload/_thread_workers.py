@@ -109,11 +109,12 @@ from fastload import _checkpoint
 from fastload._dispatch import DrawsTasks, RoundRobin, WorkerIter, wait_seconds
 from fastload._epoch_pieces import listed
 from fastload._fast_path import not_gathered, writes_in_c
-from fastload._fetch import describe_indices, is_stateful, snapshot
+from fastload._fetch import describe_indices, is_stateful
 from fastload._loader_state import LoaderState, WorkerState
 from fastload._lookahead import CarriedTasks, LookaheadTasks, next_epoch_head
 from fastload._progress import NO_SNAPSHOT, Progress
 from fastload._protocol import DONE, ENDED, FAILED, INIT_TASK, STARTED
+from fastload._state_values import same_state, snapshot
 from fastload._stats import WorkerStats
 from fastload._task_table import STREAM_ENDED, Task, TaskTable
 from fastload._warnings import warn_at_caller
@@ -214,12 +215,17 @@ class ThreadIter(WorkerIter, DrawsTasks):
         epoch was left before its end (``left``, its progress): put back
         where its last delivered batch left it, as num_workers=0 leaves it,
         undoing the fetches of batches prefetched and never delivered (by
-        threads stopped since, or that answered a RESET)."""
+        threads stopped since, or that answered a RESET). Only if nothing
+        else moved it since the last of those fetches (a ``set_epoch``, a
+        loaded state): that is the program's, and stays."""
         if (left is None or left.finished or left.workers is not None
-                or left.dataset is None or not self._map_style
-                or not is_stateful(self._dataset)):
+                or left.dataset is None or left.shared_fetches is None):
             return
-        self._dataset.load_state_dict(left.dataset)
+        fetched, state = left.shared_fetches.fetched
+        if not fetched or not same_state(snapshot(self._dataset.state_dict()), state):
+            return
+        # A copy: a state taken from that epoch may hold this very object.
+        self._dataset.load_state_dict(snapshot(left.dataset))
 
     def _record_shared_start(self) -> None:
         """A map-style dataset the threads share, with a state: a state taken
@@ -250,6 +256,8 @@ class ThreadIter(WorkerIter, DrawsTasks):
         self._stop_pinning()
 
     def _begin_epoch(self) -> None:
+        # What _restore_left_epoch asks of this epoch, if it is left early.
+        self._progress.shared_fetches = self._fetch_turns
         self._table.order = []
         self._round_robin.begin(self._progress)
         self._draw = self._epoch_draw()

@@ -187,9 +187,20 @@ class IterationState:
         if self._pending is not None:
             return {"iterator": self._pending}
         iterator = self._iterator
-        return None if iterator is None else {"iterator": iterator.state_dict()}
+        if iterator is None:
+            return None
+        try:
+            return {"iterator": iterator.state_dict()}
+        except Exception as exc:
+            # Taken at every snapshot step, checkpoint or not: loading
+            # such a state says why it cannot resume.
+            return {"iterator_failed": f"{type(exc).__name__}: {exc}"}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "iterator_failed" in state:
+            raise ValueError(
+                f"cannot resume {type(self.sampler).__name__}: when this state was taken, "
+                f"its iterator's state_dict() raised {state['iterator_failed']}")
         self._pending, self._next = state["iterator"], None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -231,14 +242,34 @@ def resumable(draws: Any, loader_generator: Any) -> Any:
         return ResumableDraw(draws, inner, saves_generator=own)
     if _may_keep_state_in_iterator(inner):
         inner = IterationState(inner)
-        if not batching:
-            return inner
-        draws = BatchSampler(inner, draws.batch_size, draws.drop_last)
+        return BatchingOf(draws, inner) if batching else inner
     if (type(draws) in torch_data_classes(None, "BatchSampler")
             and callable(getattr(inner, "state_dict", None))
             and callable(getattr(inner, "load_state_dict", None))):
-        return BatchSampler(inner, draws.batch_size, draws.drop_last)
+        return BatchingOf(draws, inner)
     return draws
+
+
+class BatchingOf(BatchSampler):
+    """fastload's BatchSampler over ``inner``, in place of the batch sampler
+    ``batching`` (torch's or fastload's) over what ``inner`` wraps or is:
+    its batch_size and drop_last as they are at each iteration, since a
+    program may set them on the loader's batch_sampler, as torch honours."""
+
+    def __init__(self, batching: Any, inner: Any) -> None:
+        super().__init__(inner, batching.batch_size, batching.drop_last)
+        self._batching = batching
+
+    def _follow(self) -> None:
+        self.batch_size, self.drop_last = self._batching.batch_size, self._batching.drop_last
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self._follow()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._follow()
+        return super().__len__()
 
 
 def unresumable_sampler(index_sampler: Any) -> str | None:

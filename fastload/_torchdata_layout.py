@@ -27,6 +27,10 @@ different things:
   state's step) can be behind ``_num_yielded`` (the batches delivered);
 - an iterable dataset has no sampler: its snapshot steps are those of the
   batches delivered, as torchdata counts them;
+- a sampler whose iterator keeps the state (torchdata's ``RandomSampler``,
+  fastload._torch_draws.IterationState): torchdata holds that state under
+  ``_sampler_iter_state`` (its BatchSampler iterator's), fastload under
+  ``_index_sampler_state``, as any sampler's;
 - before the first ``iter()`` there is a snapshot per worker, as
   torchdata starts its workers to take one, each holding the dataset's
   state, which every replica starts from, and the iterator has not

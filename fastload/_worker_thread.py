@@ -142,6 +142,9 @@ class FetchTurns:
         self._dropped_below = 0  # tickets of tasks whose epoch was left
         self._serving = 0
         self._served = threading.Condition()
+        # The dataset's state recorded after the latest fetch (set in its
+        # turn), read once the threads are stopped or idle.
+        self.fetched: tuple[bool, Any] = (False, None)
 
     def ticket(self) -> int:
         ticket, self._sent = self._sent, self._sent + 1
@@ -335,6 +338,7 @@ class WorkerThread:
                 snapshot = self.snapshot()
             finally:
                 if turn is not None and turns is not None:
+                    turns.fetched = snapshot
                     turns.done(turn)
             fetched = time.perf_counter()
             batch = batch_in_slot(fast, general, self.slots)

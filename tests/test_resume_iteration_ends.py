@@ -427,3 +427,63 @@ def test_a_loader_whose_sampler_iterator_keeps_the_state_pickles_after_an_epoch(
     assert _epoch(copy.deepcopy(loader)) == first
     assert _epoch(pickle.loads(pickle.dumps(loader))) == first
     assert _epoch(loader) == first
+
+
+class _GuardedOrder:
+    """An iterator whose state_dict() raises unless checkpointing is on."""
+
+    def __init__(self, rows):
+        self.rows, self.given = rows, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.given == self.rows:
+            raise StopIteration
+        self.given += 1
+        return self.given - 1
+
+    def state_dict(self):
+        raise NotImplementedError("checkpointing is off")
+
+    def load_state_dict(self, state):
+        self.given = state["given"]
+
+
+class GuardedSampler:
+    def __len__(self):
+        return 6
+
+    def __iter__(self):
+        return _GuardedOrder(6)
+
+
+@pytest.mark.parametrize("config", SAMPLER_CONFIGS)
+def test_a_sampler_iterator_that_cannot_give_its_state_still_iterates(config):
+    loader = fl.DataLoader(np.arange(6), sampler=GuardedSampler(), batch_size=2,
+                           **SAMPLER_CONFIGS[config])
+    assert _epoch(loader) == [[0, 1], [2, 3], [4, 5]]
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    resumed = fl.DataLoader(np.arange(6), sampler=GuardedSampler(), batch_size=2)
+    resumed.load_state_dict(state)
+    with pytest.raises(ValueError, match="checkpointing is off"):
+        iter(resumed)
+
+
+@pytest.mark.parametrize("batch_sampler", ["fastload", "torch"])
+def test_a_batch_size_set_on_the_loaders_batch_sampler_is_honoured(batch_sampler):
+    """torch's loader reads its batch_sampler's fields at each iteration."""
+    sampler = IteratorKeptSampler(8)
+    if batch_sampler == "torch":
+        torch_data = pytest.importorskip("torch.utils.data")
+        loader = fl.DataLoader(np.arange(8), batch_sampler=torch_data.BatchSampler(
+            sampler, 2, False))
+    else:
+        loader = fl.DataLoader(np.arange(8), sampler=sampler, batch_size=2)
+    assert len(loader) == 4
+    loader.batch_sampler.batch_size = 4
+    assert len(loader) == 2
+    assert [len(batch) for batch in loader] == [4, 4]

@@ -236,3 +236,59 @@ def test_a_state_after_a_failed_batch_holds_what_its_fetch_drew(save_workers, re
         resumed = loader(resume_workers)
         resumed.load_state_dict(state)
         assert delivered + _outcomes(iter(resumed)) == expected, f"state after {taken} batches"
+
+
+class Epochs(fl.Dataset):
+    """A dataset with a state whose set_epoch() the program calls."""
+
+    def __init__(self):
+        self.epoch, self.served = 0, 0
+
+    def set_epoch(self, epoch):
+        self.epoch, self.served = epoch, 0
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        self.served += 1
+        return np.array([100 * self.epoch + self.served])
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "served": self.served}
+
+    def load_state_dict(self, state):
+        self.epoch, self.served = state["epoch"], state["served"]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_what_the_program_does_to_the_dataset_after_leaving_an_epoch_stays(persistent):
+    def run(**threads):
+        dataset = Epochs()
+        loader = fl.DataLoader(dataset, batch_size=2, **threads)
+        seen = []
+        for epoch in range(3):
+            dataset.set_epoch(epoch)
+            for step, batch in enumerate(loader):
+                seen.append(batch.ravel().tolist())
+                if step == 1:
+                    break
+        return seen
+
+    expected = run()
+    assert run(num_workers=2, worker_method="thread", persistent_workers=persistent) == expected
+
+
+def test_a_state_loaded_after_an_epoch_was_left_is_what_the_next_epoch_starts_from():
+    def loader(**threads):
+        return fl.DataLoader(Epochs(), batch_size=2, **threads)
+
+    saved = loader()
+    _epoch(saved)
+    state = saved.state_dict()
+    expected = _epoch(saved)
+    threads = loader(num_workers=2, worker_method="thread")
+    for _ in threads:
+        break
+    threads.load_state_dict(state)
+    assert _epoch(threads) == expected
