@@ -42,7 +42,10 @@ received, never what workers prefetched. It is made of:
   between epochs loads it into a fresh iterator before the next epoch's,
   as torchdata does (``resume_ended_replica``). A stream's state taken
   before it yielded anything may still be the previous stream's end, and
-  is restored as such (NOTE [ A stream restored at its end ] in
+  is restored as such; and as the dataset is asked for its state again
+  after a restore, which such a dataset answers from before its stream
+  applied it, a resumed stream records its state at its first delivered
+  batch, whatever the snapshot steps (NOTE [ A stream restored at its end ] in
   fastload._fetch);
 * for a map-style dataset with ``state_dict`` and ``load_state_dict``, its
   state as torchdata keeps it: loaded in the main process, the dataset's at
@@ -367,7 +370,9 @@ def resume_stream(fetcher: DatasetFetcher, progress: Progress, state: LoaderStat
     progress.dataset_ended = state.dataset_ended
     if fetcher.stateful:
         restore_at_step(fetcher, state.dataset, state.dataset_step, state.dataset_ended)
-        # What the dataset says now, as torchdata asks it again.
+        # What the dataset says now, as torchdata asks it again (one that
+        # applies a loaded position at its next __iter__ still says where
+        # it was: SingleProcessIter records the stream's next batch).
         progress.dataset, progress.dataset_step = fetcher.state(), state.dataset_step
     if state.dataset_ended:
         fetcher.ended = True  # type: ignore[attr-defined]

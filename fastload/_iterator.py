@@ -357,6 +357,10 @@ def timed_out(timeout: float) -> RuntimeError:
 class SingleProcessIter(BaseIter):
     """Fetches and collates each batch in the calling thread."""
 
+    # Whether the next delivered batch records the dataset's state whatever
+    # the snapshot steps (a stream just resumed).
+    _record_next_batch = False
+
     def __init__(self, loader: Any, resume: LoaderState | None) -> None:
         super().__init__(loader, resume, index_arrays=reads_index_arrays(loader))
         if self._timeout != 0:
@@ -384,6 +388,9 @@ class SingleProcessIter(BaseIter):
         elif not self._map_style:
             _checkpoint.resume_stream(self._fetcher, progress, resume,
                                       loader.batch_size if self._auto_collation else None)
+            # Its state asked again may not be its own yet (NOTE [ Resume
+            # contract ] in fastload._checkpoint): recorded at its next batch.
+            self._record_next_batch = self._fetcher.stateful
         # The epoch's first draw may move what a map-style dataset's state
         # holds: a sampler without a generator draws its seed from a global
         # RNG, which a dataset's state may be. Its batches start from the
@@ -414,7 +421,8 @@ class SingleProcessIter(BaseIter):
         """The dataset's state after the fetch of the batch about to be
         delivered, on a snapshot step, as the sampler's is recorded."""
         fetcher = self._fetcher
-        if fetcher.stateful and self._snapshot_due():
+        if fetcher.stateful and (self._snapshot_due() or self._record_next_batch):
+            self._record_next_batch = False
             progress = self._progress
             # A stream's failed batch records nothing: a state recorded as
             # returned would have moved with it.

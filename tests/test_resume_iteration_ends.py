@@ -487,3 +487,25 @@ def test_a_batch_size_set_on_the_loaders_batch_sampler_is_honoured(batch_sampler
     loader.batch_sampler.batch_size = 4
     assert len(loader) == 2
     assert [len(batch) for batch in loader] == [4, 4]
+
+
+@pytest.mark.parametrize("every", [0, 3])
+@pytest.mark.parametrize("taken", [2, 3])
+def test_a_state_taken_in_a_resumed_stream_before_its_next_snapshot_resumes_it(taken, every):
+    """After a restore the dataset is asked for its state again, as torchdata
+    asks; a stream that applies a loaded position at its next __iter__
+    still answers from before. Its first batch records its own."""
+    def loader():
+        return fl.DataLoader(PendingCursor(), batch_size=2, snapshot_every_n_steps=every)
+
+    expected = _epoch(loader())
+    first = loader()
+    iterator = iter(first)
+    delivered = [next(iterator).tolist() for _ in range(taken)]
+    second = loader()
+    second.load_state_dict(first.state_dict())
+    iterator = iter(second)
+    delivered.append(next(iterator).tolist())
+    third = loader()
+    third.load_state_dict(second.state_dict())
+    assert delivered + _epoch(third) == expected
