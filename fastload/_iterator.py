@@ -34,7 +34,7 @@ class EpochDraw:
     when its task is sent."""
 
     def __init__(self, sampler_iter: Iterator[Any], skip: frozenset[int], start: int,
-                 snapshot_sampler: Any, snapshot_every: int, latest_only: bool) -> None:
+                 snapshot_sampler: Any, snapshot_every: int, latest_only: bool = False) -> None:
         """``skip``: positions delivered before a checkpoint (see
         BaseIter._skip); ``start``: the position of the next batch;
         ``snapshot_sampler``: the sampler whose state a snapshot step

@@ -102,7 +102,7 @@ class ProcessDispatcher(SlotPolicy, DrawsTasks):
                                 and loader._dataset_kind is DatasetKind.MAP)
         # Whether large slots are given late (NOTE [ Late slots ]).
         self._may_slot_late = workers.batch_bytes is None
-        self._draw = EpochDraw(iter(()), frozenset(), 0, None, 0, False)  # until begin_epoch
+        self._draw = EpochDraw(iter(()), frozenset(), 0, None, 0)  # until begin_epoch
         self._epoch = 0
         self._lookahead: LookaheadTasks | None = None
         self._carried = CarriedTasks()
