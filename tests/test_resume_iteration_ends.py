@@ -42,7 +42,17 @@ class PendingCursor(fl.IterableDataset):
         self.pending = state["position"]
 
 
-class ResetAtEnd(fl.IterableDataset):
+class PositionAndEpoch:
+    """A state of where the epoch stands and which epoch it is."""
+
+    def state_dict(self):
+        return {"position": self.position, "epoch": self.epoch}
+
+    def load_state_dict(self, state):
+        self.position, self.epoch = state["position"], state["epoch"]
+
+
+class ResetAtEnd(PositionAndEpoch, fl.IterableDataset):
     """A stream that resets its position and counts an epoch as it ends:
     its state after the end already describes the next stream."""
 
@@ -56,12 +66,6 @@ class ResetAtEnd(fl.IterableDataset):
             if row % workers == worker:
                 yield row + 100 * self.epoch
         self.position, self.epoch = 0, self.epoch + 1
-
-    def state_dict(self):
-        return {"position": self.position, "epoch": self.epoch}
-
-    def load_state_dict(self, state):
-        self.position, self.epoch = state["position"], state["epoch"]
 
 
 CONFIGS = {
@@ -112,7 +116,7 @@ def test_a_state_before_a_streams_first_sample_resumes_as_the_saved_run_went_on(
         assert _epoch(resumed) == epochs[2], f"state after {taken} batches"
 
 
-class ResetAtEndSampler:
+class ResetAtEndSampler(PositionAndEpoch):
     """Its position and epoch; an epoch that runs out resets the position
     and counts the next epoch, so a state taken after a short last batch
     (which drew past the end) already describes the next epoch."""
@@ -130,12 +134,6 @@ class ResetAtEndSampler:
     def __len__(self):
         return self.rows
 
-    def state_dict(self):
-        return {"position": self.position, "epoch": self.epoch}
-
-    def load_state_dict(self, state):
-        self.position, self.epoch = state["position"], state["epoch"]
-
 
 class ResetAtStartSampler(ResetAtEndSampler):
     """An epoch that ran out is only left at the next ``__iter__``."""
@@ -149,15 +147,15 @@ class ResetAtStartSampler(ResetAtEndSampler):
 SAMPLER_CONFIGS = {key: CONFIGS[key] for key in ("main", "threads", "persistent-processes")}
 
 
-def _assert_every_state_resumes(loader, reshuffles=True):
-    """States after each batch of the first two epochs of ``loader()``'s
-    run, and after each of them ran out: resumed in a new loader, the rest
-    of that epoch, then the next, come as they did. ``reshuffles``: each
-    epoch comes in another order."""
+def _assert_every_state_resumes(loader, reshuffles=True, epochs_checked=2):
+    """States after each batch of the first ``epochs_checked`` epochs of
+    ``loader()``'s run, and after each of them ran out: resumed in a new
+    loader, the rest of that epoch, then the next, come as they did.
+    ``reshuffles``: the first two epochs differ."""
     uninterrupted = loader()
-    epochs = [_epoch(uninterrupted) for _ in range(4)]
+    epochs = [_epoch(uninterrupted) for _ in range(epochs_checked + 2)]
     assert (epochs[0] != epochs[1]) == reshuffles
-    for epoch in range(2):
+    for epoch in range(epochs_checked):
         for taken in [*range(len(epochs[epoch]) + 1), None]:
             saved = loader()
             for _ in range(epoch):
@@ -313,7 +311,7 @@ def test_a_replica_that_ended_ahead_of_delivery_resumes_the_next_epoch_whole(met
 ROWS_BY_EPOCH = [[0, 1, 2, 3], [], [4, 5, 6, 7], [8, 9], [10, 11], [0, 1]]
 
 
-class EpochFiles(fl.IterableDataset):
+class EpochFiles(PositionAndEpoch, fl.IterableDataset):
     """A stream whose epochs differ in length, one of them empty; its state
     (position, epoch) moves on to the next epoch as a stream ends."""
 
@@ -326,12 +324,6 @@ class EpochFiles(fl.IterableDataset):
             self.position = i + 1
             yield rows[i]
         self.position, self.epoch = 0, self.epoch + 1
-
-    def state_dict(self):
-        return {"position": self.position, "epoch": self.epoch}
-
-    def load_state_dict(self, state):
-        self.position, self.epoch = state["position"], state["epoch"]
 
 
 class EpochCurriculum(EpochFiles):
@@ -350,27 +342,7 @@ def test_an_empty_epoch_is_resumed_as_an_epoch(kind, every):
         return fl.DataLoader(np.arange(12), sampler=EpochCurriculum(), batch_size=2,
                              snapshot_every_n_steps=every)
 
-    uninterrupted = loader()
-    epochs = [_epoch(uninterrupted) for _ in range(5)]
-    assert epochs[1] == []
-    for epoch in range(3):
-        for taken in [*range(len(epochs[epoch]) + 1), None]:
-            saved = loader()
-            for _ in range(epoch):
-                _epoch(saved)
-            iterator = iter(saved)
-            delivered = [next(iterator).tolist() for _ in range(taken or 0)]
-            if taken is None:
-                delivered = [batch.tolist() for batch in iterator]
-            state = saved.state_dict()
-            resumed = loader()
-            resumed.load_state_dict(state)
-            where = f"state after {taken} batches of epoch {epoch}"
-            if taken is None:
-                assert _epoch(resumed) == epochs[epoch + 1], where
-            else:
-                assert delivered + _epoch(resumed) == epochs[epoch], where
-            assert _epoch(resumed) == epochs[epoch + 1 + (taken is None)], where
+    _assert_every_state_resumes(loader, epochs_checked=3)
 
 
 def _torchdata_random_loader(every=1):
