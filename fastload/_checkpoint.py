@@ -479,12 +479,10 @@ def resume_ended_replica(new_fetcher: Callable[[], DatasetFetcher], state: Any) 
     say, then stand), then the next epoch's fetcher made (``new_fetcher``
     makes the worker's fetcher and returns it), whose stream may be the
     ended one (NOTE [ A stream restored at its end ] in fastload._fetch)."""
-    loaded = new_fetcher()
-    loaded.restore(state)
+    new_fetcher().restore(state)
+    fetcher = new_fetcher()
     if state is not None:
-        after_restored_end(new_fetcher(), state)
-    else:
-        new_fetcher()
+        after_restored_end(fetcher, state)
 
 
 def after_restored_end(fetcher: DatasetFetcher, loaded: Any) -> None:

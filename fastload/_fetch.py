@@ -264,9 +264,9 @@ class _EndedOrNot:
     it. A dataset whose state already describes the new stream (one that
     resets its position as its stream ends) yields from the restored
     stream, which is kept; so is one that runs out at once but moves its
-    state on (an epoch counter): that epoch is empty. Only a
-    state the dataset holds can be stale so: an iterator's own state is
-    always that of its own stream, which the next epoch replaces.
+    state on (an epoch counter): that epoch is empty. Only a state the
+    dataset holds can be stale so: an iterator's own state is always that
+    of its own stream, which the next epoch replaces.
 
     The same goes for an index sampler of a kind fastload does not know,
     whose state is restored with a map-style epoch (fastload._checkpoint:

@@ -218,8 +218,8 @@ class ThreadIter(WorkerIter, DrawsTasks):
         threads stopped since, or that answered a RESET). Only if nothing
         else moved it since the last of those fetches (a ``set_epoch``, a
         loaded state): that is the program's, and stays."""
-        if (left is None or left.finished or left.workers is not None
-                or left.dataset is None or left.shared_fetches is None):
+        if (left is None or left.finished or left.shared_fetches is None
+                or left.dataset is None):
             return
         fetched, state = left.shared_fetches.fetched
         if not fetched or not same_state(snapshot(self._dataset.state_dict()), state):
