@@ -207,10 +207,10 @@ def capture(loader: Any) -> dict[str, Any]:
         yielded=progress.yielded,
         delivered_beyond=_ranges(progress.beyond),
         finished=progress.finished,
-        # Copies (NOTE [ Recorded states ] in fastload._state_values).
-        sampler=snapshot(recorded_state(progress.sampler)),
+        sampler=recorded_state(progress.sampler),
         sampler_step=progress.sampler_step,
         generator=_seed.generator_state(loader._rng),
+        # A copy (NOTE [ Recorded states ] in fastload._state_values).
         dataset=snapshot(progress.dataset),
         dataset_step=progress.dataset_step,
         dataset_ended=progress.dataset_ended,

@@ -56,8 +56,11 @@ def resume_keeper(sampler: Any) -> Any:
 
 
 def recorded_state(recorded: Any) -> Any:
-    """The sampler's state a snapshot step recorded, as its state_dict()."""
-    return recorded() if type(recorded) is LazyState else recorded
+    """The sampler's state a snapshot step recorded, as its state_dict(), for
+    a checkpoint: a LazyState made into a new one, anything else copied (it
+    may be the sampler's own, recorded as returned: NOTE [ Recorded states ]
+    in fastload._state_values)."""
+    return recorded() if type(recorded) is LazyState else snapshot(recorded)
 
 
 def sampler_state(sampler: Any) -> Any:

@@ -3,6 +3,8 @@ resumes as the saved run went on, whether what it holds then still
 describes the ended iteration or already the next one: an iterable
 dataset's stream, and a custom index sampler's epoch (NOTE [ A stream
 restored at its end ])."""
+import json
+
 import numpy as np
 import pytest
 
@@ -481,3 +483,38 @@ def test_a_state_taken_in_a_resumed_stream_before_its_next_snapshot_resumes_it(t
     third = loader()
     third.load_state_dict(second.state_dict())
     assert delivered + _epoch(third) == expected
+
+
+class LiveStateSampler(ResetAtEndSampler):
+    """A state_dict() that returns the dict the sampler keeps updating."""
+
+    def __init__(self, rows):
+        self.kept = {"position": 0, "epoch": 0}
+        super().__init__(rows)
+
+    position = property(lambda self: self.kept["position"],
+                        lambda self, value: self.kept.__setitem__("position", value))
+    epoch = property(lambda self: self.kept["epoch"],
+                     lambda self, value: self.kept.__setitem__("epoch", value))
+
+    def state_dict(self):
+        return self.kept
+
+
+@pytest.mark.parametrize("config", SAMPLER_CONFIGS)
+def test_a_checkpoint_of_a_sampler_that_keeps_its_state_dict_does_not_move_on(config):
+    def loader():
+        return fl.DataLoader(np.arange(10), sampler=LiveStateSampler(10), batch_size=4,
+                             **SAMPLER_CONFIGS[config])
+
+    saved = loader()
+    iterator = iter(saved)
+    next(iterator)
+    state = saved.state_dict()
+    kept = json.dumps(state, default=str)
+    rest = [batch.tolist() for batch in iterator]
+    assert json.dumps(state, default=str) == kept
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert _epoch(resumed) == rest
+    _assert_every_state_resumes(loader)
